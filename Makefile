@@ -1,0 +1,37 @@
+# Everything runs from .venv in the repo root; `make install` creates it on a fresh machine.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# The torch requirement: the CPU wheel by default; `make install TORCH=torch` for a CUDA build.
+TORCH  ?= torch==2.13.0
+# Where the Multi30k files come from: upstream by default, a local folder or URL when set.
+NMT_DATA_MIRROR ?=
+export NMT_DATA_MIRROR
+
+.PHONY: install test lint format demo clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check "$(TORCH)"
+	$(BIN)/pip install -q --disable-pip-version-check -e ".[dev]"
+	touch $@
+
+lint: install
+	$(BIN)/ruff check nmt tests benchmarks
+	$(BIN)/ruff format --check nmt tests benchmarks
+
+format: install
+	$(BIN)/ruff format nmt tests benchmarks
+	$(BIN)/ruff check --fix nmt tests benchmarks
+
+test: lint
+	$(BIN)/python -m pytest
+
+# The whole pipeline on Multi30k EN-DE on the CPU: fetch, preprocess, train, average, translate, score.
+demo: install
+	$(BIN)/nmt run recipes/multi30k-en-de.yaml $(if $(NMT_DATA_MIRROR),--mirror $(NMT_DATA_MIRROR))
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,238 @@
+"""The `nmt` command: a thin Typer shell over the library.
+
+Each command parses its options, loads the config, calls ONE library function and renders the result.
+Human-facing output (progress, tables, warnings) goes to stderr through Rich; results (translations,
+scores with --json) go to stdout so they can be piped. Library errors (nmt.errors.NmtError) become one
+red line and exit status 2 here, at the single boundary in `main`.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from nmt.errors import NmtError
+
+app = typer.Typer(
+    name="nmt",
+    help="Neural machine translation with the Transformer of 'Attention Is All You Need'.",
+    no_args_is_help=True,
+    rich_markup_mode="rich",
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+err = Console(stderr=True)
+
+RecipeArg = Annotated[
+    str,
+    typer.Argument(help="Recipe YAML file, or the name of a shipped recipe such as [bold]multi30k-en-de[/]."),
+]
+WorkdirOpt = Annotated[
+    Path | None, typer.Option("--workdir", "-w", help="Work directory. Default: runs/<recipe file stem>/.")
+]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", "-s", metavar="KEY=VALUE", help="Override a recipe key, e.g. train.max_steps=200."),
+]
+MirrorOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--mirror",
+        envvar="NMT_DATA_MIRROR",
+        help="Folder or base URL that replaces upstream download locations (file names kept).",
+    ),
+]
+
+
+def _workdir(recipe: str, workdir: Path | None) -> Path:
+    from nmt.config import resolve_recipe
+
+    return workdir if workdir is not None else Path("runs") / resolve_recipe(recipe).stem
+
+
+@app.command()
+def preprocess(
+    recipe: RecipeArg,
+    workdir: WorkdirOpt = None,
+    mirror: MirrorOpt = None,
+    overrides: SetOpt = None,
+    force: Annotated[bool, typer.Option("--force", help="Redo every step, even those already done.")] = False,
+) -> None:
+    """Fetch the corpora, clean them, train the joint SentencePiece model and binarize every split.
+
+    [bold]Examples[/]
+      nmt preprocess recipes/multi30k-en-de.yaml
+      nmt preprocess recipes/multi30k-en-de.yaml --mirror ../shared/data/multi30k
+    """
+    from nmt.config import load_config
+    from nmt.preprocess import preprocess as run_preprocess
+
+    cfg = load_config(recipe, overrides or [])
+    run_preprocess(cfg, _workdir(recipe, workdir), mirror=mirror, force=force, console=err)
+
+
+@app.command()
+def train(
+    recipe: RecipeArg,
+    workdir: WorkdirOpt = None,
+    overrides: SetOpt = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Build the model, print its summary and stop; needs no data.")
+    ] = False,
+) -> None:
+    """Train a model; running the same command again resumes from the last checkpoint.
+
+    Launch with torchrun for several GPUs or nodes; the effective batch stays the recipe's.
+
+    [bold]Examples[/]
+      nmt train recipes/multi30k-en-de.yaml
+      nmt train recipes/wmt14-en-de-base.yaml --dry-run
+      nmt train recipes/multi30k-en-de.yaml --set train.max_steps=200
+      torchrun --nproc-per-node 8 -m nmt train recipes/wmt14-en-de-base.yaml
+    """
+    from nmt.config import load_config
+    from nmt.train import dry_run as run_dry_run
+    from nmt.train import train as run_train
+
+    cfg = load_config(recipe, overrides or [])
+    if dry_run:
+        run_dry_run(cfg, console=err)
+        return
+    run_train(cfg, _workdir(recipe, workdir), console=err)
+
+
+@app.command()
+def average(
+    checkpoints: Annotated[
+        list[Path] | None, typer.Argument(help="Checkpoint files to average (or use --last with a folder).")
+    ] = None,
+    output: Annotated[Path, typer.Option("--output", "-o", help="The averaged checkpoint to write.")] = Path(
+        "average.pt"
+    ),
+    last: Annotated[
+        int | None, typer.Option("--last", help="Average the last N step checkpoints of --dir.")
+    ] = None,
+    directory: Annotated[
+        Path | None, typer.Option("--dir", help="Checkpoint folder for --last, e.g. runs/NAME/checkpoints.")
+    ] = None,
+) -> None:
+    """Average the weights of several checkpoints into one (paper: last 5 for base, 20 for big).
+
+    [bold]Examples[/]
+      nmt average runs/multi30k-en-de/checkpoints/step-*.pt -o avg.pt
+      nmt average --last 5 --dir runs/multi30k-en-de/checkpoints -o avg.pt
+    """
+    from nmt.checkpoint import average_checkpoints, last_checkpoints
+
+    if last is not None:
+        if directory is None:
+            raise NmtError("--last needs --dir, the checkpoint folder")
+        checkpoints = last_checkpoints(directory, last)
+    if not checkpoints:
+        raise NmtError("no checkpoints given: name files, or use --last N --dir FOLDER")
+    average_checkpoints(checkpoints, output)
+    err.print(f"averaged {len(checkpoints)} checkpoints into {output}")
+
+
+@app.command()
+def translate(
+    model: Annotated[Path, typer.Option("--model", "-m", help="Checkpoint from nmt train or nmt average.")],
+    input: Annotated[Path | None, typer.Option("--input", "-i", help="Input file; default stdin.")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Output file; default stdout.")] = None,
+    beam: Annotated[int | None, typer.Option(help="Beam size; 1 is greedy. Default: the recipe's.")] = None,
+    lenpen: Annotated[float | None, typer.Option(help="Length penalty alpha, ((5+|Y|)/6)^alpha.")] = None,
+    max_len_a: Annotated[float | None, typer.Option(help="Output limit a*source_length+b: a.")] = None,
+    max_len_b: Annotated[int | None, typer.Option(help="Output limit a*source_length+b: b.")] = None,
+    max_tokens: Annotated[int | None, typer.Option(help="Token budget of one batch.")] = None,
+    nbest: Annotated[
+        int | None, typer.Option(help="Print N hypotheses per line: index<TAB>score<TAB>text.")
+    ] = None,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
+    dtype: Annotated[str, typer.Option(help="auto, fp32, bf16 or fp16.")] = "auto",
+    interactive: Annotated[
+        bool, typer.Option("--interactive", help="Answer each line as soon as it is read.")
+    ] = False,
+) -> None:
+    """Translate lines: exactly one output line for every input line, in order.
+
+    [bold]Examples[/]
+      cat in.en | nmt translate -m runs/multi30k-en-de/checkpoints/average.pt > out.de
+      nmt translate -m model.pt -i in.en -o out.de --beam 4 --lenpen 0.6
+    """
+    from nmt.translate import translate_stream
+
+    translate_stream(
+        model,
+        input=input,
+        output=output,
+        beam=beam,
+        lenpen=lenpen,
+        max_len_a=max_len_a,
+        max_len_b=max_len_b,
+        max_tokens=max_tokens,
+        nbest=nbest,
+        device=device,
+        dtype=dtype,
+        interactive=interactive,
+        console=err,
+    )
+
+
+@app.command()
+def score(
+    refs: Annotated[list[Path], typer.Option("--ref", "-r", help="Reference file; repeat for several.")],
+    hyps: Annotated[
+        list[Path] | None,
+        typer.Option("--input", "-i", help="Hypothesis file (default stdin); several: paired bootstrap."),
+    ] = None,
+    metrics: Annotated[str, typer.Option(help="Comma-separated: bleu, chrf, ter.")] = "bleu",
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
+) -> None:
+    """Score translations with sacreBLEU (BLEU by default; chrF and TER on request).
+
+    [bold]Examples[/]
+      nmt score -r ref.de -i out.de
+      nmt score -r ref.de -i out.de --metrics bleu,chrf,ter --json
+      nmt score -r ref.de -i baseline.de -i new.de     # paired bootstrap, first is the baseline
+    """
+    from nmt.score import score_files
+
+    score_files(refs, hyps or [], metrics=metrics, json_out=json_out, console=err)
+
+
+@app.command()
+def run(
+    recipe: RecipeArg,
+    workdir: WorkdirOpt = None,
+    mirror: MirrorOpt = None,
+    overrides: SetOpt = None,
+) -> None:
+    """Everything: preprocess, train, average, translate the test sets, score, write results.md.
+
+    A step already done is skipped, so running it again after a crash continues where it stopped.
+
+    [bold]Examples[/]
+      nmt run recipes/multi30k-en-de.yaml --mirror ../shared/data/multi30k
+      nmt run recipes/wmt14-en-de-base.yaml
+    """
+    from nmt.config import load_config
+    from nmt.pipeline import run_pipeline
+
+    cfg = load_config(recipe, overrides or [])
+    run_pipeline(cfg, _workdir(recipe, workdir), mirror=mirror, console=err)
+
+
+def main() -> None:
+    """Console entry point: the one place where library errors become a message and an exit status.
+
+    Typer's standalone mode already turns usage errors into a message and exit status 2.
+    """
+    try:
+        app()
+    except NmtError as e:
+        err.print(f"[bold red]error:[/] {e}", highlight=False, markup=True, soft_wrap=True)
+        sys.exit(e.exit_code)

@@ -1,0 +1,302 @@
+"""One typed config object for a whole experiment, loaded strictly from a YAML recipe.
+
+A recipe has four sections, each a frozen dataclass below: `data` (corpora and subwords), `model`
+(the Transformer's sizes), `train` (optimisation, budgets, checkpoints) and `decode` (beam search).
+Defaults live here and nowhere else. Loading is strict: an unknown key, a wrong type or an impossible
+combination raises ConfigError naming the file and the dotted key, with a suggestion for misspellings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+
+from nmt.errors import ConfigError
+
+RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
+DEFAULT_RECIPE = "multi30k-en-de"
+
+
+@dataclass(frozen=True)
+class FileSpec:
+    """One file of a corpus: where upstream keeps it, its checksum, and its member inside an archive."""
+
+    url: str
+    sha256: str
+    member: str | None = None  # path inside a .tgz/.tar archive; None for plain or .gz files
+
+
+@dataclass(frozen=True)
+class CorpusSpec:
+    """A parallel corpus: two aligned files, or a test set from sacrebleu's registry (e.g. `wmt14/full`)."""
+
+    name: str
+    src: FileSpec | None = None
+    tgt: FileSpec | None = None
+    sacrebleu: str | None = None
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    src_lang: str
+    tgt_lang: str
+    train: tuple[CorpusSpec, ...]
+    valid: tuple[CorpusSpec, ...]
+    test: tuple[CorpusSpec, ...] = ()
+    vocab_size: int = 8000  # one joint SentencePiece vocabulary for both languages (paper, 5.1)
+    subword_type: Literal["bpe", "unigram"] = "bpe"
+    character_coverage: float = 1.0
+    spm_sample_sentences: int = 2_000_000  # SentencePiece's own sampling of large corpora
+    min_words: int = 1  # cleaning, on whitespace words as Moses' clean-corpus-n.perl counts them
+    max_words: int = 250
+    max_ratio: float = 1.5
+    max_subwords: int = 256  # training pairs longer than this in subwords are dropped after encoding
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Sizes of the Transformer (paper, Table 3). The vocabulary size comes from the trained subwords."""
+
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    d_model: int = 512
+    d_ff: int = 2048
+    heads: int = 8
+    dropout: float = 0.1  # P_drop: on embeddings+positions and every sub-layer output (5.4)
+    attention_dropout: float = 0.0  # not in the paper; fairseq and tensor2tensor expose it
+    activation_dropout: float = 0.0  # not in the paper; dropout after the FFN's ReLU
+    norm: Literal["post", "pre"] = "post"  # post: LayerNorm(x + Sublayer(x)) as in the paper (3.1)
+    max_positions: int = 1024
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    seed: int = 1
+    batch_tokens: int = 4096  # per device and forward pass: sentences * longest side, padding included
+    update_tokens: int = 25000  # per optimizer update, all devices; sets gradient accumulation
+    max_steps: int = 100_000
+    max_minutes: float | None = None
+    warmup: int = 4000
+    lr_scale: float = 1.0  # multiplies d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) (5.3)
+    peak_lr: float | None = None  # alternative to lr_scale: the rate reached at the end of warm-up
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.98
+    adam_eps: float = 1e-9
+    weight_decay: float = 0.0
+    clip_norm: float = 0.0  # 0 disables clipping (the paper does not clip)
+    label_smoothing: float = 0.1
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 on a GPU that has it, else fp32
+    compile: bool = False
+    device: str = "auto"
+    threads: int | None = None  # CPU threads for torch; None keeps torch's default
+    log_every: int = 100
+    validate_every: int = 1000
+    valid_bleu: bool = True  # greedy-decode the validation set and score it with sacreBLEU
+    save_every: int = 1000
+    keep_last: int = 5
+    average_last: int = 5  # checkpoints averaged into the final model (paper: 5 base, 20 big)
+    patience: int = 0  # validations without a better BLEU before stopping; 0 disables early stopping
+    max_nonfinite: int = 5  # consecutive NaN/inf updates skipped before training stops
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    beam: int = 4
+    lenpen: float = 0.6  # GNMT length penalty ((5+|Y|)/6)^alpha
+    max_len_a: float = 1.0  # output length limit: a * source length + b
+    max_len_b: int = 50
+    batch_tokens: int = 8192
+    nbest: int = 1
+
+
+@dataclass(frozen=True)
+class Config:
+    data: DataConfig
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Loading
+
+
+def resolve_recipe(recipe: str | Path | None) -> Path:
+    """A path to a YAML file, or the name of a shipped recipe (`multi30k-en-de`); None is the default."""
+    name = str(recipe) if recipe is not None else DEFAULT_RECIPE
+    path = Path(name)
+    if path.exists():
+        return path
+    shipped = RECIPES_DIR / (name if name.endswith(".yaml") else name + ".yaml")
+    if shipped.exists():
+        return shipped
+    raise ConfigError(f"{name}: no such recipe file")
+
+
+def load_config(recipe: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Read a recipe, apply `key.path=value` overrides, and validate the result into a Config."""
+    path = resolve_recipe(recipe)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read: {e}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}:{where} not valid YAML: {getattr(e, 'problem', e)}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: a recipe is a mapping of sections (data, model, train, decode)")
+    for item in overrides:
+        apply_override(raw, item)
+    return config_from_dict(raw, source=str(path))
+
+
+def apply_override(raw: dict, item: str) -> None:
+    """Set one dotted key in a raw recipe from `a.b.c=value`; the value is parsed as YAML."""
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set {item}: expected KEY=VALUE, e.g. --set train.max_steps=200")
+    parts = key.strip().split(".")
+    node = raw
+    for i, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {item}: {'.'.join(parts[: i + 1])} is not a section")
+        node = child
+    try:
+        node[parts[-1]] = yaml.safe_load(value)
+    except yaml.YAMLError:
+        node[parts[-1]] = value
+
+
+def config_from_dict(raw: dict, source: str = "config") -> Config:
+    cfg = _build(Config, raw, source, "")
+    _check(cfg, source)
+    return cfg
+
+
+def config_to_dict(cfg: Config) -> dict:
+    """Plain dicts/lists/scalars only, so a checkpoint can hold it and `weights_only` can load it."""
+
+    def plain(x: Any) -> Any:
+        if dataclasses.is_dataclass(x):
+            return {f.name: plain(getattr(x, f.name)) for f in dataclasses.fields(x)}
+        if isinstance(x, tuple | list):
+            return [plain(v) for v in x]
+        return x
+
+    return plain(cfg)
+
+
+def _build(cls: type, raw: Any, source: str, prefix: str) -> Any:
+    where = prefix or "recipe"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: {where}: expected a mapping, got {_describe(raw)}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in raw:
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), fields, n=1)
+            hint = f" (did you mean {_join(prefix, close[0])}?)" if close else ""
+            raise ConfigError(f"{source}: unknown key {_join(prefix, key)}{hint}")
+    values = {}
+    for name, f in fields.items():
+        dotted = _join(prefix, name)
+        if name in raw:
+            values[name] = _coerce(hints[name], raw[name], source, dotted)
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"{source}: missing required key {dotted}")
+    return cls(**values)
+
+
+def _coerce(tp: Any, value: Any, source: str, dotted: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) == 1:
+            return _coerce(inner[0], value, source, dotted)
+    if origin is Literal:
+        if value not in args:
+            choices = ", ".join(repr(a) for a in args)
+            raise ConfigError(f"{source}: {dotted}: {value!r} is not one of {choices}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{source}: {dotted}: expected a list, got {_describe(value)}")
+        return tuple(_coerce(args[0], v, source, f"{dotted}[{i}]") for i, v in enumerate(value))
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, source, dotted)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    raise ConfigError(f"{source}: {dotted}: expected {_type_name(tp)}, got {_describe(value)}")
+
+
+def _check(cfg: Config, source: str) -> None:
+    """Combinations that no single type can rule out."""
+    m, t, d, data = cfg.model, cfg.train, cfg.decode, cfg.data
+
+    def need(ok: bool, key: str, why: str) -> None:
+        if not ok:
+            raise ConfigError(f"{source}: {key}: {why}")
+
+    need(m.d_model % m.heads == 0, "model.heads", f"d_model {m.d_model} is not divisible by {m.heads} heads")
+    need(m.d_model % 2 == 0, "model.d_model", "must be even for sinusoidal positions")
+    for key in ("encoder_layers", "decoder_layers", "d_model", "d_ff", "heads", "max_positions"):
+        need(getattr(m, key) > 0, f"model.{key}", "must be positive")
+    for key in ("dropout", "attention_dropout", "activation_dropout"):
+        need(0.0 <= getattr(m, key) < 1.0, f"model.{key}", "must be in [0, 1)")
+    for key in ("batch_tokens", "update_tokens", "max_steps", "warmup", "log_every", "validate_every"):
+        need(getattr(t, key) > 0, f"train.{key}", "must be positive")
+    for key in ("save_every", "keep_last", "average_last", "max_nonfinite"):
+        need(getattr(t, key) > 0, f"train.{key}", "must be positive")
+    need(0.0 <= t.label_smoothing < 1.0, "train.label_smoothing", "must be in [0, 1)")
+    need(t.peak_lr is None or t.peak_lr > 0, "train.peak_lr", "must be positive")
+    need(t.max_minutes is None or t.max_minutes > 0, "train.max_minutes", "must be positive")
+    need(t.device == "auto" or t.device.split(":")[0] in ("cpu", "cuda", "mps"), "train.device",
+         f"{t.device!r} is not auto, cpu, cuda or cuda:N")
+    need(d.beam >= 1, "decode.beam", "must be at least 1")
+    need(1 <= d.nbest <= d.beam, "decode.nbest", "must be between 1 and decode.beam")
+    need(d.batch_tokens > 0, "decode.batch_tokens", "must be positive")
+    need(data.vocab_size >= 16, "data.vocab_size", "must be at least 16")
+    need(data.src_lang != data.tgt_lang, "data.tgt_lang", "must differ from data.src_lang")
+    need(len(data.train) > 0, "data.train", "names no corpus")
+    need(len(data.valid) > 0, "data.valid", "names no corpus")
+    for section in ("train", "valid", "test"):
+        for i, c in enumerate(getattr(data, section)):
+            pair = c.src is not None and c.tgt is not None
+            need(pair != (c.sacrebleu is not None), f"data.{section}[{i}]",
+                 "give either src and tgt files or a sacrebleu test set name")
+
+
+def _join(prefix: str, key: Any) -> str:
+    return f"{prefix}.{key}" if prefix else str(key)
+
+
+def _describe(value: Any) -> str:
+    return f"{type(value).__name__} {value!r}" if not isinstance(value, dict | list) else type(value).__name__
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp))

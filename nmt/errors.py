@@ -1,0 +1,23 @@
+"""The few exception types the CLI turns into one red line and exit status 2.
+
+Library code raises these for anything a user can fix (a bad recipe key, a missing file, a corrupt
+checkpoint); anything else is a bug and keeps its traceback.
+"""
+
+
+class NmtError(Exception):
+    """A problem with the user's input: reported in one line, exit status 2."""
+
+    exit_code = 2
+
+
+class ConfigError(NmtError):
+    """A recipe or --set override that does not validate; the message names the file and dotted key."""
+
+
+class DataError(NmtError):
+    """A corpus that cannot be fetched, verified or read; the message names the file."""
+
+
+class CheckpointError(NmtError):
+    """A model file that is missing, truncated or not an nmt checkpoint."""

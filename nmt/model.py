@@ -1,0 +1,267 @@
+"""The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), in the paper's order.
+
+Shapes: B batch, S source length, T target length, D d_model, H heads, K = D / H per head, V vocabulary,
+L decoder layers. Token id 0 is padding (see nmt.subword).
+
+Deviations from the paper, each optional and off in the paper recipes: `norm: pre` moves LayerNorm in
+front of each sub-layer (and adds one after each stack); attention and activation dropout.
+
+Besides `forward` (teacher forcing), the decoder offers the incremental contract that search uses:
+`init_state(memory, src_keep, max_len)`, `step(tokens, state) -> (logits, state)`,
+`reorder_beams(state, rows)` and `select_rows(state, rows)`. The state is explicit: preallocated self-attention keys/values for every layer,
+and encoder keys/values for cross-attention projected once per sentence.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from nmt.config import ModelConfig
+
+PAD_ID = 0
+
+
+def sinusoidal_positions(length: int, d_model: int) -> Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d))  (section 3.5)."""
+    pos = torch.arange(length, dtype=torch.float64).unsqueeze(1)  # (T, 1)
+    inv_freq = 10000.0 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)  # (D/2,)
+    pe = torch.empty(length, d_model, dtype=torch.float64)
+    pe[:, 0::2] = torch.sin(pos * inv_freq)
+    pe[:, 1::2] = torch.cos(pos * inv_freq)
+    return pe.float()
+
+
+def padding_mask(tokens: Tensor) -> Tensor:
+    """Which keys attention may look at: (B, S) ids -> (B, 1, 1, S), True for real tokens."""
+    return (tokens != PAD_ID)[:, None, None, :]
+
+
+class MultiHeadAttention(nn.Module):
+    """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)  (3.2.2).
+
+    Self-attention projects Q, K, V with one fused matrix; cross-attention projects Q from the decoder and
+    K, V (fused) from the encoder output, once per sentence. Attention itself is scaled dot-product
+    softmax(Q K^T / sqrt(d_k)) V (3.2.1) through F.scaled_dot_product_attention, which picks fused kernels.
+    """
+
+    def __init__(self, d_model: int, heads: int, dropout: float, cross: bool):
+        super().__init__()
+        self.heads, self.d_head, self.dropout = heads, d_model // heads, dropout
+        if cross:
+            self.q_proj = nn.Linear(d_model, d_model)
+            self.kv_proj = nn.Linear(d_model, 2 * d_model)
+        else:
+            self.qkv_proj = nn.Linear(d_model, 3 * d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    def split_heads(self, x: Tensor) -> Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, -1, self.heads, self.d_head).permute(2, 0, 3, 1, 4)  # (n, B, H, T, K)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool = False) -> Tensor:
+        p = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal)
+        b, _, t, _ = y.shape
+        return self.out_proj(y.transpose(1, 2).reshape(b, t, -1))  # (B, H, T, K) -> (B, T, D)
+
+    def self_attention(self, x: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
+        q, k, v = self.split_heads(self.qkv_proj(x))  # each (B, H, T, K)
+        return self.attend(q, k, v, mask, causal)
+
+    def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        k, v = self.split_heads(self.kv_proj(memory))  # each (B, H, S, K)
+        return k, v
+
+    def cross_attention(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+        (q,) = self.split_heads(self.q_proj(x))  # (B, H, T, K)
+        return self.attend(q, k, v, mask)
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = max(0, x W1 + b1) W2 + b2  (3.3)."""
+
+    def __init__(self, d_model: int, d_ff: int, activation_dropout: float):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+        self.activation_dropout = activation_dropout
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = F.relu(self.fc1(x))
+        return self.fc2(F.dropout(h, self.activation_dropout, self.training))
+
+
+class Residual(nn.Module):
+    """LayerNorm(x + Dropout(Sublayer(x)))  (3.1, 5.4); with norm='pre': x + Dropout(Sublayer(LayerNorm(x)))."""
+
+    def __init__(self, d_model: int, dropout: float, pre_norm: bool):
+        super().__init__()
+        self.norm, self.dropout, self.pre_norm = nn.LayerNorm(d_model), dropout, pre_norm
+
+    def forward(self, x: Tensor, sublayer) -> Tensor:
+        if self.pre_norm:
+            return x + F.dropout(sublayer(self.norm(x)), self.dropout, self.training)
+        return self.norm(x + F.dropout(sublayer(x), self.dropout, self.training))
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention, then feed-forward, each inside a residual connection (3.1)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        pre = cfg.norm == "pre"
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.heads, cfg.attention_dropout, cross=False)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
+        self.res_attn = Residual(cfg.d_model, cfg.dropout, pre)
+        self.res_ffn = Residual(cfg.d_model, cfg.dropout, pre)
+
+    def forward(self, x: Tensor, src_keep: Tensor) -> Tensor:
+        x = self.res_attn(x, lambda h: self.self_attn.self_attention(h, src_keep, causal=False))
+        return self.res_ffn(x, self.ffn)
+
+
+class DecoderLayer(nn.Module):
+    """Masked self-attention, attention over the encoder output, feed-forward (3.1)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        pre = cfg.norm == "pre"
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.heads, cfg.attention_dropout, cross=False)
+        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.heads, cfg.attention_dropout, cross=True)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
+        self.res_self = Residual(cfg.d_model, cfg.dropout, pre)
+        self.res_cross = Residual(cfg.d_model, cfg.dropout, pre)
+        self.res_ffn = Residual(cfg.d_model, cfg.dropout, pre)
+
+    def forward(self, y: Tensor, mem_k: Tensor, mem_v: Tensor, src_keep: Tensor) -> Tensor:
+        # Targets are right-padded, so the causal mask alone keeps every real position off the padding.
+        y = self.res_self(y, lambda h: self.self_attn.self_attention(h, None, causal=True))
+        y = self.res_cross(y, lambda h: self.cross_attn.cross_attention(h, mem_k, mem_v, src_keep))
+        return self.res_ffn(y, self.ffn)
+
+    def step(self, y: Tensor, cache_kv: Tensor, t: int, mem_k: Tensor, mem_v: Tensor, src_keep: Tensor) -> Tensor:
+        """One position: y (N, 1, D); cache_kv (2, N, H, T_max, K) receives this position's keys/values."""
+
+        def cached_self_attention(h: Tensor) -> Tensor:
+            attn = self.self_attn
+            q, k, v = attn.split_heads(attn.qkv_proj(h))  # each (N, H, 1, K)
+            cache_kv[0, :, :, t : t + 1] = k
+            cache_kv[1, :, :, t : t + 1] = v
+            return attn.attend(q, cache_kv[0, :, :, : t + 1], cache_kv[1, :, :, : t + 1], None)
+
+        y = self.res_self(y, cached_self_attention)
+        y = self.res_cross(y, lambda h: self.cross_attn.cross_attention(h, mem_k, mem_v, src_keep))
+        return self.res_ffn(y, self.ffn)
+
+
+@dataclass
+class DecoderState:
+    """Everything the decoder remembers between steps, for N = sentences x beam rows."""
+
+    self_kv: Tensor  # (L, 2, N, H, T_max, K): this sentence's own keys/values, filled up to `length`
+    mem_kv: Tensor  # (L, 2, N, H, S, K): encoder keys/values, projected once
+    src_keep: Tensor  # (N, 1, 1, S)
+    length: int = 0  # target positions decoded so far
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder with one embedding matrix for source, target and the output projection (3.4)."""
+
+    def __init__(self, cfg: ModelConfig, vocab_size: int):
+        super().__init__()
+        self.cfg, self.vocab_size = cfg, vocab_size
+        self.embed = nn.Embedding(vocab_size, cfg.d_model, padding_idx=PAD_ID)
+        self.register_buffer("positions", sinusoidal_positions(cfg.max_positions, cfg.d_model), persistent=False)
+        self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        pre = cfg.norm == "pre"
+        self.encoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Xavier-uniform linear maps, N(0, D^-1/2) embeddings, as tensor2tensor and fairseq initialise."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                nn.init.zeros_(module.bias)
+        nn.init.normal_(self.embed.weight, mean=0.0, std=self.cfg.d_model**-0.5)
+        with torch.no_grad():
+            self.embed.weight[PAD_ID].zero_()
+
+    def embed_tokens(self, tokens: Tensor, offset: int = 0) -> Tensor:
+        """Embeddings times sqrt(D) plus positions, then dropout (3.4, 3.5, 5.4): (B, T) -> (B, T, D)."""
+        t = tokens.shape[1]
+        if offset + t > self.cfg.max_positions:
+            raise ValueError(f"sequence of {offset + t} positions exceeds model.max_positions")
+        x = self.embed(tokens) * math.sqrt(self.cfg.d_model) + self.positions[offset : offset + t]
+        return F.dropout(x, self.cfg.dropout, self.training)
+
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        """(B, S) ids -> memory (B, S, D) and the key mask (B, 1, 1, S)."""
+        src_keep = padding_mask(src)
+        x = self.embed_tokens(src)
+        for layer in self.encoder:
+            x = layer(x, src_keep)
+        return self.encoder_norm(x), src_keep
+
+    def decode(self, tgt_in: Tensor, memory: Tensor, src_keep: Tensor) -> Tensor:
+        """All target positions at once (teacher forcing): (B, T) ids -> logits (B, T, V)."""
+        y = self.embed_tokens(tgt_in)
+        for layer in self.decoder:
+            k, v = layer.cross_attn.memory_kv(memory)
+            y = layer(y, k, v, src_keep)
+        return self.output(y)
+
+    def output(self, y: Tensor) -> Tensor:
+        """Pre-softmax projection with the shared embedding matrix: (.., D) -> (.., V)."""
+        return F.linear(self.decoder_norm(y), self.embed.weight)
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        memory, src_keep = self.encode(src)
+        return self.decode(tgt_in, memory, src_keep)
+
+    # ---- incremental decoding ------------------------------------------------------------------------
+
+    def init_state(self, memory: Tensor, src_keep: Tensor, max_len: int) -> DecoderState:
+        """Project the encoder output for cross-attention once and allocate the self-attention cache."""
+        n, s, _ = memory.shape
+        cfg = self.cfg
+        mem_kv = torch.stack([torch.stack(layer.cross_attn.memory_kv(memory)) for layer in self.decoder])
+        self_kv = memory.new_zeros(len(self.decoder), 2, n, cfg.heads, max_len, cfg.d_model // cfg.heads)
+        return DecoderState(self_kv=self_kv, mem_kv=mem_kv, src_keep=src_keep)
+
+    def step(self, tokens: Tensor, state: DecoderState) -> tuple[Tensor, DecoderState]:
+        """Feed the last token of every row: (N,) ids -> logits (N, V) for the next position."""
+        t = state.length
+        y = self.embed_tokens(tokens[:, None], offset=t)  # (N, 1, D)
+        for i, layer in enumerate(self.decoder):
+            y = layer.step(y, state.self_kv[i], t, state.mem_kv[i, 0], state.mem_kv[i, 1], state.src_keep)
+        state.length = t + 1
+        return self.output(y[:, 0]), state
+
+    def reorder_beams(self, state: DecoderState, rows: Tensor) -> DecoderState:
+        """Row i takes the history of row rows[i], a row of the same sentence (beam selection).
+
+        Rows of one sentence share their encoder keys/values, so only the filled self-attention cache moves.
+        """
+        t = state.length
+        state.self_kv[:, :, :, :, :t] = state.self_kv[:, :, rows, :, :t]
+        return state
+
+    def select_rows(self, state: DecoderState, rows: Tensor) -> DecoderState:
+        """Keep only `rows`, in that order (finished sentences leave the batch)."""
+        return DecoderState(
+            self_kv=state.self_kv.index_select(2, rows),
+            mem_kv=state.mem_kv.index_select(2, rows),
+            src_keep=state.src_keep.index_select(0, rows),
+            length=state.length,
+        )
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
