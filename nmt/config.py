@@ -274,8 +274,11 @@ def _check(cfg: Config, source: str) -> None:
     need(0.0 <= t.label_smoothing < 1.0, "train.label_smoothing", "must be in [0, 1)")
     need(t.peak_lr is None or t.peak_lr > 0, "train.peak_lr", "must be positive")
     need(t.max_minutes is None or t.max_minutes > 0, "train.max_minutes", "must be positive")
-    need(t.device == "auto" or t.device.split(":")[0] in ("cpu", "cuda", "mps"), "train.device",
-         f"{t.device!r} is not auto, cpu, cuda or cuda:N")
+    need(
+        t.device == "auto" or t.device.split(":")[0] in ("cpu", "cuda", "mps"),
+        "train.device",
+        f"{t.device!r} is not auto, cpu, cuda or cuda:N",
+    )
     need(d.beam >= 1, "decode.beam", "must be at least 1")
     need(1 <= d.nbest <= d.beam, "decode.nbest", "must be between 1 and decode.beam")
     need(d.batch_tokens > 0, "decode.batch_tokens", "must be positive")
@@ -286,8 +289,11 @@ def _check(cfg: Config, source: str) -> None:
     for section in ("train", "valid", "test"):
         for i, c in enumerate(getattr(data, section)):
             pair = c.src is not None and c.tgt is not None
-            need(pair != (c.sacrebleu is not None), f"data.{section}[{i}]",
-                 "give either src and tgt files or a sacrebleu test set name")
+            need(
+                pair != (c.sacrebleu is not None),
+                f"data.{section}[{i}]",
+                "give either src and tgt files or a sacrebleu test set name",
+            )
 
 
 def _join(prefix: str, key: Any) -> str:

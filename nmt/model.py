@@ -8,8 +8,9 @@ front of each sub-layer (and adds one after each stack); attention and activatio
 
 Besides `forward` (teacher forcing), the decoder offers the incremental contract that search uses:
 `init_state(memory, src_keep, max_len)`, `step(tokens, state) -> (logits, state)`,
-`reorder_beams(state, rows)` and `select_rows(state, rows)`. The state is explicit: preallocated self-attention keys/values for every layer,
-and encoder keys/values for cross-attention projected once per sentence.
+`reorder_beams(state, rows)` and `select_rows(state, rows)`. The state is explicit: preallocated
+self-attention keys/values for every layer, and encoder keys/values for cross-attention projected once
+per sentence.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def padding_mask(tokens: Tensor) -> Tensor:
 
 
 class MultiHeadAttention(nn.Module):
-    """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)  (3.2.2).
+    """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)  (3.2.2)
 
     Self-attention projects Q, K, V with one fused matrix; cross-attention projects Q from the decoder and
     K, V (fused) from the encoder output, once per sentence. Attention itself is scaled dot-product
@@ -96,7 +97,7 @@ class FeedForward(nn.Module):
 
 
 class Residual(nn.Module):
-    """LayerNorm(x + Dropout(Sublayer(x)))  (3.1, 5.4); with norm='pre': x + Dropout(Sublayer(LayerNorm(x)))."""
+    """LayerNorm(x + Dropout(Sublayer(x)))  (3.1, 5.4); norm='pre': x + Dropout(Sublayer(LayerNorm(x)))."""
 
     def __init__(self, d_model: int, dropout: float, pre_norm: bool):
         super().__init__()
@@ -143,7 +144,9 @@ class DecoderLayer(nn.Module):
         y = self.res_cross(y, lambda h: self.cross_attn.cross_attention(h, mem_k, mem_v, src_keep))
         return self.res_ffn(y, self.ffn)
 
-    def step(self, y: Tensor, cache_kv: Tensor, t: int, mem_k: Tensor, mem_v: Tensor, src_keep: Tensor) -> Tensor:
+    def step(
+        self, y: Tensor, cache_kv: Tensor, t: int, mem_k: Tensor, mem_v: Tensor, src_keep: Tensor
+    ) -> Tensor:
         """One position: y (N, 1, D); cache_kv (2, N, H, T_max, K) receives this position's keys/values."""
 
         def cached_self_attention(h: Tensor) -> Tensor:
@@ -175,7 +178,9 @@ class Transformer(nn.Module):
         super().__init__()
         self.cfg, self.vocab_size = cfg, vocab_size
         self.embed = nn.Embedding(vocab_size, cfg.d_model, padding_idx=PAD_ID)
-        self.register_buffer("positions", sinusoidal_positions(cfg.max_positions, cfg.d_model), persistent=False)
+        self.register_buffer(
+            "positions", sinusoidal_positions(cfg.max_positions, cfg.d_model), persistent=False
+        )
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
         pre = cfg.norm == "pre"

@@ -1,0 +1,30 @@
+"""Adam with the inverse-square-root warm-up schedule of the paper (section 5.3)."""
+
+from __future__ import annotations
+
+import torch
+
+from nmt.config import ModelConfig, TrainConfig
+
+
+def inverse_sqrt_lr(step: int, d_model: int, warmup: int, scale: float = 1.0) -> float:
+    """lrate = scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), for step >= 1  (eq. 3)."""
+    step = max(step, 1)
+    return scale * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+
+
+def lr_scale(model: ModelConfig, train: TrainConfig) -> float:
+    """The recipe's scale factor; `peak_lr` sets it so that the rate at step = warmup equals peak_lr."""
+    if train.peak_lr is None:
+        return train.lr_scale
+    return train.peak_lr / inverse_sqrt_lr(train.warmup, model.d_model, train.warmup)
+
+
+def build_optimizer(params, train: TrainConfig, fused: bool = False) -> torch.optim.Optimizer:
+    """Adam(beta1=0.9, beta2=0.98, eps=1e-9) as in the paper; AdamW when weight decay is asked for."""
+    kwargs = dict(lr=0.0, betas=(train.adam_beta1, train.adam_beta2), eps=train.adam_eps)
+    if fused:
+        kwargs["fused"] = True
+    if train.weight_decay > 0:
+        return torch.optim.AdamW(params, weight_decay=train.weight_decay, **kwargs)
+    return torch.optim.Adam(params, **kwargs)

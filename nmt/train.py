@@ -1,0 +1,617 @@
+"""`nmt train`: label-smoothed training of the Transformer on one CPU, one GPU or many (torchrun + DDP).
+
+The loop in `train` reads top to bottom: set the learning rate, forward/backward over the update's
+micro-batches, skip non-finite updates, clip, step, log, validate, save, stop. Everything it needs is set
+up once before it (`Session`), so the hot path does no avoidable work and no host-device sync beyond one
+finiteness check per update and the figures a log line needs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import random
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from nmt.checkpoint import load_checkpoint, save_checkpoint, step_checkpoints
+from nmt.config import Config
+from nmt.data.batching import collate, epoch_batches
+from nmt.errors import CheckpointError, DataError, NmtError
+from nmt.loss import label_smoothed_nll, perplexity
+from nmt.model import PAD_ID, Transformer, count_parameters
+from nmt.optim import build_optimizer, inverse_sqrt_lr, lr_scale
+
+# ---------------------------------------------------------------------------------------------------------
+# Devices, precision and processes
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Where this process runs: its device, precision and place in a distributed job."""
+
+    device: torch.device
+    dtype: torch.dtype  # autocast dtype; float32 means no autocast
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def autocast(self):
+        if self.dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    if name == "auto":
+        return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise NmtError(f"unknown device {name!r}: use auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise NmtError(f"device {name!r} asked for, but no CUDA GPU is available")
+        if device.index is None:
+            device = torch.device(f"cuda:{local_rank}")
+        if device.index >= torch.cuda.device_count():
+            raise NmtError(f"device {name!r} asked for, but only {torch.cuda.device_count()} GPU(s) exist")
+    return device
+
+
+def resolve_dtype(precision: str, device: torch.device) -> torch.dtype:
+    if precision == "auto":
+        bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        return torch.bfloat16 if bf16 else torch.float32
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+
+
+def setup_runtime(cfg: Config) -> Runtime:
+    """Join the torchrun job when launched by it (NCCL on GPU, gloo on CPU); otherwise run alone."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    device = resolve_device(cfg.train.device, local)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    dtype = resolve_dtype(cfg.train.precision, device)
+    if dtype == torch.float16 and device.type != "cuda":
+        raise NmtError("train.precision: fp16 needs a CUDA GPU; use bf16 or fp32 on the CPU")
+    return Runtime(device=device, dtype=dtype, rank=rank, world_size=world, local_rank=local)
+
+
+def accumulation(cfg: Config, world_size: int) -> int:
+    """Micro-batches per update so that every update holds about train.update_tokens, whatever the GPUs."""
+    return max(1, round(cfg.train.update_tokens / (cfg.train.batch_tokens * world_size)))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Training state: everything a resumed run needs beyond the weights and the optimizer
+
+
+@dataclass
+class TrainProgress:
+    step: int = 0  # optimizer updates done
+    epoch: int = 0
+    cursor: int = 0  # micro-batches of this epoch's shard already consumed
+    elapsed: float = 0.0  # training seconds, over all runs
+    best_score: float | None = None
+    best_step: int = 0
+    bad_validations: int = 0
+    nonfinite_in_row: int = 0
+    last_bleu: float | None = None
+
+
+def rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "python": list(random.getstate()[1])}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate((3, tuple(state["python"]), None))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Data
+
+
+@dataclass
+class TrainData:
+    train: object  # nmt.data.binarized.ParallelData
+    valid: object
+    valid_src: list[str]
+    valid_ref: list[str]
+    subword: object  # nmt.subword.Subword
+
+
+def load_data(cfg: Config, workdir: Path) -> TrainData:
+    from nmt.data.binarized import ParallelData
+    from nmt.subword import Subword
+
+    data_dir = workdir / "data"
+    spm = data_dir / "spm.model"
+    if not spm.exists() or not (data_dir / "train.src.idx").exists():
+        raise DataError(f"{data_dir}: no preprocessed data; run `nmt preprocess` with the same recipe first")
+    subword = Subword.load(spm)
+    if subword.vocab_size > cfg.data.vocab_size:
+        raise DataError(
+            f"{spm}: {subword.vocab_size} subwords, recipe says data.vocab_size {cfg.data.vocab_size}"
+        )
+    read = lambda p: p.read_text(encoding="utf-8").split("\n")[:-1]  # noqa: E731
+    return TrainData(
+        train=ParallelData(data_dir / "train"),
+        valid=ParallelData(data_dir / "valid"),
+        valid_src=read(data_dir / f"valid.{cfg.data.src_lang}"),
+        valid_ref=read(data_dir / f"valid.{cfg.data.tgt_lang}"),
+        subword=subword,
+    )
+
+
+def micro_batches(data, batches, rt: Runtime):
+    """The pairs of each batch, collated and moved to the device (pinned, non-blocking on a GPU)."""
+    for idx in batches:
+        src, tgt_in, tgt_out = collate([(data.src(i), data.tgt(i)) for i in idx.tolist()])
+        if rt.device.type == "cuda":
+            src, tgt_in, tgt_out = (
+                t.pin_memory().to(rt.device, non_blocking=True) for t in (src, tgt_in, tgt_out)
+            )
+        yield src, tgt_in, tgt_out
+
+
+def update_plan(data, cfg: Config, rt: Runtime, prog: TrainProgress, accum: int):
+    """Endless stream of updates, each a list of this rank's batch indices; advances prog.epoch/cursor."""
+    cache: dict[int, list] = {}
+    while True:
+        if prog.epoch not in cache:
+            cache.clear()
+            batches = epoch_batches(
+                data.src_lens,
+                data.tgt_lens,
+                cfg.train.batch_tokens,
+                cfg.train.seed,
+                prog.epoch,
+                rt.world_size,
+            )
+            if not batches:
+                raise DataError("the training data holds fewer batches than there are processes")
+            cache[prog.epoch] = batches[rt.rank :: rt.world_size]
+        shard = cache[prog.epoch]
+        if prog.cursor >= len(shard):
+            prog.epoch, prog.cursor = prog.epoch + 1, 0
+            continue
+        chunk = shard[prog.cursor : prog.cursor + accum]
+        prog.cursor += len(chunk)
+        yield chunk
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Summary (also `nmt train --dry-run`)
+
+
+def summary_lines(cfg: Config, model: Transformer, world_size: int) -> list[str]:
+    t, m = cfg.train, cfg.model
+    accum = accumulation(cfg, world_size)
+    peak = inverse_sqrt_lr(t.warmup, m.d_model, t.warmup, lr_scale(m, t))
+    return [
+        f"parameters: {count_parameters(model):,}",
+        f"model: {m.encoder_layers}+{m.decoder_layers} layers, d_model {m.d_model}, d_ff {m.d_ff}, "
+        f"{m.heads} heads, dropout {m.dropout}, {m.norm}-norm, vocabulary {model.vocab_size}",
+        f"batch: {t.batch_tokens} tokens per device x {world_size} device(s) x {accum} accumulation = "
+        f"{t.batch_tokens * world_size * accum} tokens per update (recipe: {t.update_tokens})",
+        f"steps: {t.max_steps}" + (f", at most {t.max_minutes:g} minutes" if t.max_minutes else ""),
+        f"schedule: inverse square root, warmup {t.warmup}, peak lr {peak:.3g} at step {t.warmup}, "
+        f"Adam({t.adam_beta1}, {t.adam_beta2}, eps {t.adam_eps:g}), label smoothing {t.label_smoothing}",
+    ]
+
+
+def dry_run(cfg: Config, console: Console | None = None) -> int:
+    """Build the model from the recipe alone (vocabulary = data.vocab_size) and print its summary."""
+    console = console or Console(stderr=True)
+    with torch.device("meta"):
+        model = Transformer(cfg.model, cfg.data.vocab_size)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    for line in summary_lines(cfg, model, world):
+        console.print(line, highlight=False)
+    return count_parameters(model)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Validation and checkpoints
+
+
+@torch.no_grad()
+def validate(model: Transformer, data: TrainData, cfg: Config, rt: Runtime) -> dict:
+    """Loss and perplexity on the validation pairs, and BLEU of their greedy translations."""
+    model.eval()
+    loss_sum = nll_sum = tokens = 0.0
+    batches = epoch_batches(data.valid.src_lens, data.valid.tgt_lens, cfg.train.batch_tokens, 0, 0)
+    for src, tgt_in, tgt_out in micro_batches(data.valid, batches, rt):
+        with rt.autocast():
+            logits = model(src, tgt_in)
+        loss, nll = label_smoothed_nll(logits, tgt_out, cfg.train.label_smoothing, PAD_ID)
+        loss_sum, nll_sum = loss_sum + loss.item(), nll_sum + nll.item()
+        tokens += int((tgt_out != PAD_ID).sum())
+    result = {
+        "loss": loss_sum / tokens,
+        "nll": nll_sum / tokens,
+        "ppl": perplexity(nll_sum / tokens),
+        "bleu": None,
+    }
+    if cfg.train.valid_bleu:
+        from nmt.score import bleu
+        from nmt.translate import Translator
+
+        greedy = dataclasses.replace(cfg.decode, beam=1, nbest=1)
+        with rt.autocast():
+            hyps = Translator(model, data.subword, greedy, rt.device).translate(data.valid_src)
+        result["bleu"] = bleu(hyps, [data.valid_ref])
+    model.train()
+    return result
+
+
+def save_training_checkpoint(
+    ckpt_dir: Path,
+    model: Transformer,
+    optimizer,
+    scaler,
+    cfg: Config,
+    subword,
+    prog: TrainProgress,
+    best: bool,
+) -> Path:
+    path = ckpt_dir / f"step-{prog.step}.pt"
+    state = {
+        "progress": dataclasses.asdict(prog),
+        "optimizer": optimizer.state_dict(),
+        "scaler": scaler.state_dict() if scaler is not None else None,
+        "rng": rng_state(),
+    }
+    save_checkpoint(
+        path,
+        model_state=model.state_dict(),
+        config=cfg,
+        subword_proto=subword.proto,
+        vocab_size=model.vocab_size,
+        train_state=state,
+    )
+    publish(path, ckpt_dir / "last.pt")
+    if best:
+        publish(path, ckpt_dir / "best.pt")
+    for old in step_checkpoints(ckpt_dir)[: -cfg.train.keep_last]:
+        old.unlink(missing_ok=True)
+    return path
+
+
+def publish(src: Path, dst: Path) -> None:
+    """Atomically point `dst` at the same bytes as `src` (a hard link where possible, else a copy)."""
+    tmp = dst.with_name(f".{dst.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(src, tmp)
+    except OSError:
+        import shutil
+
+        shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
+
+
+def find_resume_checkpoint(ckpt_dir: Path, console: Console):
+    """last.pt, or when that is unreadable the newest readable step-N.pt; None for a fresh start."""
+    candidates = [ckpt_dir / "last.pt"] + list(reversed(step_checkpoints(ckpt_dir)))
+    for path in candidates:
+        if not path.exists():
+            continue
+        try:
+            ckpt = load_checkpoint(path)
+        except CheckpointError as e:
+            console.print(f"[yellow]warning:[/] {e}; trying an older checkpoint", highlight=False)
+            continue
+        if ckpt.train_state is None:
+            continue
+        return path, ckpt
+    if any(p.exists() for p in candidates):
+        raise CheckpointError(f"{ckpt_dir}: no readable checkpoint to resume from")
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The loop
+
+
+class StopRequest:
+    """SIGINT/SIGTERM set a flag; the loop saves a checkpoint at the end of the update and exits."""
+
+    def __init__(self):
+        self.signal: int | None = None
+
+    def __enter__(self):
+        self.previous = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def handle(self, signum, _frame):
+        self.signal = signum
+
+    def __exit__(self, *exc):
+        for s, h in self.previous.items():
+            signal.signal(s, h)
+
+
+def train(cfg: Config, workdir: Path, console: Console | None = None) -> Path:
+    """Train until max_steps, max_minutes or early stopping, resuming from any checkpoint; returns best.pt."""
+    console = console or Console(stderr=True)
+    rt = setup_runtime(cfg)
+    log = console if rt.is_main else Console(quiet=True)
+    data = load_data(cfg, workdir)
+    ckpt_dir = workdir / "checkpoints"
+    torch.manual_seed(cfg.train.seed)
+    random.seed(cfg.train.seed)
+
+    model = Transformer(cfg.model, data.subword.vocab_size).to(rt.device)
+    optimizer = build_optimizer(model.parameters(), cfg.train, fused=rt.device.type == "cuda")
+    scaler = torch.amp.GradScaler("cuda") if rt.dtype == torch.float16 else None
+    prog = TrainProgress()
+    resumed = find_resume_checkpoint(ckpt_dir, log)
+    if resumed is not None:
+        path, ckpt = resumed
+        model.load_state_dict(ckpt.model_state)
+        optimizer.load_state_dict(ckpt.train_state["optimizer"])
+        if scaler is not None and ckpt.train_state["scaler"]:
+            scaler.load_state_dict(ckpt.train_state["scaler"])
+        prog = TrainProgress(**ckpt.train_state["progress"])
+        set_rng_state(ckpt.train_state["rng"])
+        log.print(f"resuming from {path} (step {prog.step})", highlight=False)
+    accum = accumulation(cfg, rt.world_size)
+    for line in summary_lines(cfg, model, rt.world_size):
+        log.print(line, highlight=False)
+    net = model
+    if rt.world_size > 1:
+        net = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[rt.device] if rt.device.type == "cuda" else None
+        )
+    if cfg.train.compile:
+        net = torch.compile(net, dynamic=True)
+
+    scale = lr_scale(cfg.model, cfg.train)
+    plan = update_plan(data.train, cfg, rt, prog, accum)
+    metrics = MetricsLog(workdir, rt.is_main)
+    last_saved = prog.step
+    started = time.monotonic() - prog.elapsed
+    stats = torch.zeros(3, device=rt.device)  # running sums since the last log line: loss, nll, tokens
+    ntokens_since_log, log_start = 0, time.monotonic()
+    budget = cfg.train.max_minutes * 60 if cfg.train.max_minutes else math.inf
+    stop_reason = None
+    model.train()
+
+    with StopRequest() as stop, ProgressDisplay(log, cfg, prog) as display:
+        while stop_reason is None:
+            # 1. learning rate for this update (paper, eq. 3)
+            lr = inverse_sqrt_lr(prog.step + 1, cfg.model.d_model, cfg.train.warmup, scale)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            # 2. forward/backward over this update's micro-batches; the loss is normalised by the target
+            #    tokens of the whole update on all ranks, so gradients equal a single big batch's.
+            chunk = next(plan)
+            local_tokens = sum(int((data.train.tgt_lens[idx] + 1).sum()) for idx in chunk)
+            total = torch.tensor(float(local_tokens), device=rt.device)
+            if rt.world_size > 1:
+                dist.all_reduce(total)
+            norm = rt.world_size / total  # DDP averages over ranks; undo that and divide by all tokens
+            for i, (src, tgt_in, tgt_out) in enumerate(micro_batches(data.train, chunk, rt)):
+                sync = i == len(chunk) - 1 or rt.world_size == 1
+                with contextlib.nullcontext() if sync else net.no_sync(), rt.autocast():
+                    logits = net(src, tgt_in)
+                    loss, nll = label_smoothed_nll(logits, tgt_out, cfg.train.label_smoothing, PAD_ID)
+                (scaler.scale(loss * norm) if scaler else loss * norm).backward()
+                stats += torch.stack([loss.detach(), nll.detach(), (tgt_out != PAD_ID).sum().float()])
+            ntokens_since_log += local_tokens
+            # 3. skip a non-finite update; clip; step
+            if scaler is not None:
+                scaler.unscale_(optimizer)
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip_norm or math.inf)
+            if not torch.isfinite(grad_norm):
+                prog.nonfinite_in_row += 1
+                optimizer.zero_grad(set_to_none=True)
+                if scaler is not None:
+                    scaler.update()
+                log.print(
+                    f"[yellow]warning:[/] non-finite loss or gradient at step {prog.step + 1}; update skipped"
+                )
+                if prog.nonfinite_in_row >= cfg.train.max_nonfinite:
+                    raise NmtError(
+                        f"{prog.nonfinite_in_row} non-finite updates in a row at step {prog.step + 1}: "
+                        f"training diverged; lower train.peak_lr/lr_scale or raise train.warmup. "
+                        f"Last good checkpoint: {ckpt_dir / 'last.pt'}"
+                    )
+                continue
+            prog.nonfinite_in_row = 0
+            if scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            prog.step += 1
+            prog.elapsed = time.monotonic() - started
+            # 4. log
+            if prog.step % cfg.train.log_every == 0:
+                if rt.world_size > 1:
+                    dist.all_reduce(stats)
+                loss_sum, nll_sum, tok = stats.tolist()
+                now = time.monotonic()
+                record = {
+                    "kind": "train",
+                    "step": prog.step,
+                    "elapsed": round(prog.elapsed, 2),
+                    "loss": loss_sum / tok,
+                    "nll": nll_sum / tok,
+                    "ppl": perplexity(nll_sum / tok),
+                    "lr": lr,
+                    "tokens_per_s": ntokens_since_log * rt.world_size / max(now - log_start, 1e-9),
+                    "grad_norm": float(grad_norm),
+                }
+                metrics.write(record)
+                display.update(record)
+                stats.zero_()
+                ntokens_since_log, log_start = 0, now
+            # 5. stop?
+            if prog.step >= cfg.train.max_steps:
+                stop_reason = f"reached train.max_steps={cfg.train.max_steps}"
+            elif prog.elapsed >= budget:
+                stop_reason = f"reached train.max_minutes={cfg.train.max_minutes:g}"
+            elif stop.signal is not None:
+                stop_reason = f"stopped by {signal.Signals(stop.signal).name}"
+            # 6. validate and save
+            validating = prog.step % cfg.train.validate_every == 0 or (stop_reason and prog.step > last_saved)
+            saving = prog.step % cfg.train.save_every == 0 or (stop_reason and prog.step > last_saved)
+            better = False
+            if validating and rt.is_main:
+                v = validate(model, data, cfg, rt)
+                score = v["bleu"] if v["bleu"] is not None else -v["nll"]
+                better = prog.best_score is None or score > prog.best_score
+                if better:
+                    prog.best_score, prog.best_step, prog.bad_validations = score, prog.step, 0
+                else:
+                    prog.bad_validations += 1
+                prog.last_bleu = v["bleu"]
+                record = {"kind": "valid", "step": prog.step, "elapsed": round(prog.elapsed, 2), **v}
+                metrics.write(record)
+                display.validation(record)
+                if cfg.train.patience and prog.bad_validations >= cfg.train.patience and not stop_reason:
+                    stop_reason = (
+                        f"no better validation for {cfg.train.patience} validations (early stopping)"
+                    )
+            if saving or better:
+                prog.elapsed = time.monotonic() - started
+                if rt.is_main:
+                    save_training_checkpoint(
+                        ckpt_dir, model, optimizer, scaler, cfg, data.subword, prog, better
+                    )
+                last_saved = prog.step
+            if rt.world_size > 1 and validating:
+                stop_reason = broadcast_stop(stop_reason, rt)
+
+    log.print(f"training stopped at step {prog.step}: {stop_reason}", highlight=False)
+    if rt.world_size > 1:
+        dist.barrier()
+    best = ckpt_dir / "best.pt"
+    return best if best.exists() else ckpt_dir / "last.pt"
+
+
+def broadcast_stop(reason: str | None, rt: Runtime) -> str | None:
+    """Rank 0 decides early stopping; every rank must leave the loop at the same update."""
+    flag = torch.tensor([1.0 if reason else 0.0], device=rt.device)
+    dist.broadcast(flag, src=0)
+    return reason or ("early stopping (rank 0)" if flag.item() else None)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Logs and the live display
+
+
+class MetricsLog:
+    """Appends one JSON object per line to WORKDIR/metrics.jsonl (and a text line to train.log)."""
+
+    def __init__(self, workdir: Path, enabled: bool):
+        self.enabled = enabled
+        self.workdir = workdir
+        self.tensorboard = None
+        if enabled:
+            workdir.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(ImportError):
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tensorboard = SummaryWriter(str(workdir / "tensorboard"))
+
+    def write(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        line = json.dumps(record)
+        with open(self.workdir / "metrics.jsonl", "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+        with open(self.workdir / "train.log", "a", encoding="utf-8") as f:
+            f.write(
+                " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items())
+                + "\n"
+            )
+        if self.tensorboard is not None:
+            for key, value in record.items():
+                if isinstance(value, int | float) and key not in ("step", "kind"):
+                    self.tensorboard.add_scalar(f"{record['kind']}/{key}", value, record["step"])
+            self.tensorboard.flush()
+
+
+class ProgressDisplay:
+    """Rich live line: step, loss, ppl, lr, tokens/s, elapsed, ETA, last validation BLEU."""
+
+    def __init__(self, console: Console, cfg: Config, prog: TrainProgress):
+        self.cfg, self.prog = cfg, prog
+        self.progress = Progress(
+            TextColumn("[bold]train"),
+            BarColumn(),
+            TextColumn("step {task.completed}/{task.total}"),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[eta]}"),
+            TextColumn("{task.fields[info]}"),
+            console=console,
+            transient=False,
+        )
+        self.train_info = ""
+        self.valid_info = ""
+
+    def __enter__(self):
+        self.progress.start()
+        self.task = self.progress.add_task(
+            "train", total=self.cfg.train.max_steps, completed=self.prog.step, eta="", info=""
+        )
+        return self
+
+    def update(self, record: dict) -> None:
+        self.train_info = (
+            f"loss {record['loss']:.3f} ppl {record['ppl']:.2f} lr {record['lr']:.2e} "
+            f"{record['tokens_per_s']:,.0f} tok/s"
+        )
+        self.refresh(record["step"], record["elapsed"])
+
+    def validation(self, record: dict) -> None:
+        bleu = f" BLEU {record['bleu']:.2f}" if record.get("bleu") is not None else ""
+        self.valid_info = f"| valid ppl {record['ppl']:.2f}{bleu}"
+        self.progress.console.print(
+            f"step {record['step']}: valid loss {record['loss']:.3f} ppl {record['ppl']:.2f}{bleu}",
+            highlight=False,
+        )
+        self.refresh(record["step"], record["elapsed"])
+
+    def refresh(self, step: int, elapsed: float) -> None:
+        t = self.cfg.train
+        left = (t.max_steps - step) * elapsed / max(step - 0, 1)
+        if t.max_minutes:
+            left = min(left, t.max_minutes * 60 - elapsed)
+        eta = f"ETA {int(max(left, 0)) // 60}:{int(max(left, 0)) % 60:02d}"
+        self.progress.update(self.task, completed=step, eta=eta, info=f"{self.train_info} {self.valid_info}")
+
+    def __exit__(self, *exc):
+        self.progress.stop()

@@ -1,0 +1,100 @@
+"""A synthetic translation task built in seconds: reverse a random sequence of letter-words.
+
+`make_workdir` writes exactly what `nmt preprocess` would (a SentencePiece model, binarized train and
+valid splits, raw validation text), so the real trainer, checkpoints and translator run on it unchanged.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import sentencepiece as spm
+
+from nmt.config import Config, config_from_dict
+from nmt.data.binarized import write_split
+from nmt.subword import BOS, EOS, PAD, UNK, Subword
+
+LETTERS = "abcdefghijklmnop"
+
+
+def sentence(rng: random.Random, low: int = 3, high: int = 10) -> str:
+    return " ".join(rng.choice(LETTERS) for _ in range(rng.randint(low, high)))
+
+
+def reverse(line: str) -> str:
+    return " ".join(reversed(line.split()))
+
+
+def make_subword(directory: Path) -> Subword:
+    """A character-level SentencePiece model over the letters (each word is one piece)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    text = directory / "spm-train.txt"
+    rng = random.Random(0)
+    text.write_text("\n".join(sentence(rng) for _ in range(2000)) + "\n")
+    spm.SentencePieceTrainer.train(
+        input=str(text),
+        model_prefix=str(directory / "spm"),
+        model_type="word",
+        vocab_size=len(LETTERS) + 4,
+        pad_id=PAD,
+        unk_id=UNK,
+        bos_id=BOS,
+        eos_id=EOS,
+        minloglevel=2,
+    )
+    return Subword.load(directory / "spm.model")
+
+
+def make_config(**train_overrides) -> Config:
+    dummy = {"url": "http://127.0.0.1/none", "sha256": "0" * 64}
+    corpus = {"name": "synthetic", "src": dummy, "tgt": dummy}
+    return config_from_dict(
+        {
+            "data": {
+                "src_lang": "xx",
+                "tgt_lang": "yy",
+                "train": [corpus],
+                "valid": [corpus],
+                "vocab_size": 64,
+            },
+            "model": {
+                "encoder_layers": 2,
+                "decoder_layers": 2,
+                "d_model": 64,
+                "d_ff": 256,
+                "heads": 4,
+                "dropout": 0.0,
+                "max_positions": 64,
+            },
+            "train": {
+                "batch_tokens": 1024,
+                "update_tokens": 1024,
+                "warmup": 50,
+                "peak_lr": 0.003,
+                "label_smoothing": 0.1,
+                "max_steps": 100,
+                "log_every": 10,
+                "validate_every": 1000,
+                "save_every": 1000,
+                "valid_bleu": False,
+                **train_overrides,
+            },
+            "decode": {"beam": 4, "lenpen": 0.6, "max_len_a": 1.0, "max_len_b": 5},
+        }
+    )
+
+
+def make_workdir(workdir: Path, n_train: int = 4000, n_valid: int = 100, seed: int = 1) -> Subword:
+    """Preprocessed data of the reversal task under workdir/data, as `nmt preprocess` lays it out."""
+    data = workdir / "data"
+    subword = make_subword(data)
+    rng = random.Random(seed)
+    for split, n in (("train", n_train), ("valid", n_valid)):
+        src = [sentence(rng) for _ in range(n)]
+        tgt = [reverse(s) for s in src]
+        write_split(data / split, subword.encode(src), subword.encode(tgt), vocab_size=subword.vocab_size)
+        if split == "valid":
+            (data / "valid.xx").write_text("\n".join(src) + "\n")
+            (data / "valid.yy").write_text("\n".join(tgt) + "\n")
+    return subword

@@ -1,0 +1,104 @@
+"""Recipe validation: one clear line naming the file and the dotted key, exit status 2."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from nmt.cli import app
+from nmt.config import RECIPES_DIR, load_config
+from nmt.errors import ConfigError
+
+RECIPE = RECIPES_DIR / "multi30k-en-de.yaml"
+
+
+def write_recipe(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "r.yaml"
+    path.write_text(RECIPE.read_text() + text)
+    return path
+
+
+def test_every_shipped_recipe_loads():
+    names = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+    assert "multi30k-en-de" in names
+    for name in names:
+        cfg = load_config(name)
+        assert cfg.model.d_model % cfg.model.heads == 0
+
+
+def test_a_misspelt_key_is_named_with_a_suggestion(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text(RECIPE.read_text().replace("warmup:", "warmpu:"))
+    with pytest.raises(
+        ConfigError, match=r"r\.yaml: unknown key train\.warmpu \(did you mean train\.warmup\?\)"
+    ):
+        load_config(path)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("train.max_steps=abc", "train.max_steps: expected int, got str 'abc'"),
+        ("model.heads=3", "model.heads: d_model 256 is not divisible by 3 heads"),
+        ("train.precision=fp8", "train.precision: 'fp8' is not one of"),
+        ("model.dropout=1.5", "model.dropout: must be in [0, 1)"),
+        ("decode.nbest=9", "decode.nbest: must be between 1 and decode.beam"),
+        ("train=3", "train: expected a mapping"),
+        ("nosuch.key=1", "unknown key nosuch"),
+        ("train.max_steps", "expected KEY=VALUE"),
+    ],
+)
+def test_overrides_are_validated_like_the_file(override, message):
+    with pytest.raises(ConfigError) as e:
+        load_config(RECIPE, [override])
+    assert message in str(e.value)
+
+
+def test_overrides_set_values_with_yaml_types():
+    cfg = load_config(RECIPE, ["train.max_steps=200", "train.max_minutes=1.5", "model.norm=pre"])
+    assert cfg.train.max_steps == 200 and cfg.train.max_minutes == 1.5 and cfg.model.norm == "pre"
+
+
+def test_missing_required_key(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("data:\n  src_lang: en\n")
+    with pytest.raises(ConfigError, match="missing required key data.tgt_lang"):
+        load_config(path)
+
+
+def test_invalid_yaml_names_the_line(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("data:\n  src_lang: [en\n")
+    with pytest.raises(ConfigError, match=r"r\.yaml: line \d+ not valid YAML"):
+        load_config(path)
+
+
+def test_cli_reports_one_line_and_exit_status_2(tmp_path):
+    path = write_recipe(tmp_path, "")
+    result = CliRunner().invoke(app, ["train", str(path), "--set", "train.lr=1", "--dry-run"])
+    assert result.exit_code == 2
+    assert "unknown key train.lr" in result.output
+    # through the real console script: no traceback, one line on stderr
+    proc = subprocess.run(
+        [sys.executable, "-m", "nmt", "train", str(path), "--set", "train.lr=1", "--dry-run"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "unknown key train.lr" in lines[0] and "r.yaml" in lines[0]
+
+
+def test_dry_run_prints_the_exact_parameter_count():
+    proc = subprocess.run(
+        [sys.executable, "-m", "nmt", "train", "wmt14-en-de-base", "--dry-run"],
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0 and "no such recipe" in proc.stderr:
+        pytest.skip("WMT14 recipes not present")
+    assert proc.returncode == 0, proc.stderr
+    assert "parameters: 63,082,496" in proc.stderr

@@ -1,0 +1,156 @@
+"""The model against the paper's formulas and the invariances a Transformer must hold."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nmt.config import ModelConfig, config_from_dict, resolve_recipe
+from nmt.loss import label_smoothed_nll
+from nmt.model import PAD_ID, Transformer, count_parameters, sinusoidal_positions
+from nmt.optim import inverse_sqrt_lr, lr_scale
+
+TINY = ModelConfig(encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64, heads=4, dropout=0.0)
+
+
+def tiny_model(seed: int = 0, **overrides) -> Transformer:
+    torch.manual_seed(seed)
+    cfg = ModelConfig(**{**TINY.__dict__, **overrides})
+    return Transformer(cfg, vocab_size=40).eval()
+
+
+def test_positional_encoding_is_the_papers_formula():
+    d = 16
+    pe = sinusoidal_positions(50, d)
+    for pos in (0, 1, 7, 49):
+        for i in range(d // 2):
+            angle = pos / 10000 ** (2 * i / d)
+            assert pe[pos, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-6)
+            assert pe[pos, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-6)
+
+
+def test_embeddings_are_scaled_by_sqrt_d_and_shared_with_the_output_projection():
+    model = tiny_model()
+    tokens = torch.tensor([[5, 6, 7]])
+    expected = model.embed.weight[tokens] * math.sqrt(32) + sinusoidal_positions(3, 32)
+    assert torch.allclose(model.embed_tokens(tokens), expected, atol=1e-6)
+    y = torch.randn(2, 32)
+    assert torch.allclose(model.output(y), y @ model.embed.weight.T, atol=1e-5)
+    # one matrix, not three: source, target and pre-softmax weights are the same parameter
+    assert sum(p is model.embed.weight for p in model.parameters()) == 1
+
+
+def test_attention_heads_follow_d_model_over_h():
+    model = tiny_model()
+    attn = model.encoder[0].self_attn
+    assert attn.heads == 4 and attn.d_head == 8
+
+
+def test_later_target_tokens_never_change_earlier_decoder_outputs():
+    model = tiny_model()
+    src = torch.randint(4, 40, (2, 6))
+    tgt = torch.randint(4, 40, (2, 8))
+    changed = tgt.clone()
+    changed[:, 5:] = torch.randint(4, 40, (2, 3))
+    a, b = model(src, tgt), model(src, changed)
+    assert torch.allclose(a[:, :5], b[:, :5], atol=1e-5)
+    assert not torch.allclose(a[:, 5:], b[:, 5:], atol=1e-3)
+
+
+def test_padding_never_changes_non_pad_outputs():
+    model = tiny_model()
+    src = torch.randint(4, 40, (1, 5))
+    tgt = torch.randint(4, 40, (1, 4))
+    padded_src = torch.cat([src, torch.full((1, 3), PAD_ID)], dim=1)
+    padded_tgt = torch.cat([tgt, torch.full((1, 2), PAD_ID)], dim=1)
+    base = model(src, tgt)
+    padded = model(padded_src, padded_tgt)
+    assert torch.allclose(base, padded[:, :4], atol=1e-5)
+    # and the encoder output of real tokens ignores the padding too
+    assert torch.allclose(model.encode(src)[0], model.encode(padded_src)[0][:, :5], atol=1e-5)
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_incremental_decoding_equals_full_recomputation(norm):
+    model = tiny_model(norm=norm)
+    src = torch.randint(4, 40, (3, 7))
+    src[1, 4:] = PAD_ID
+    tgt = torch.randint(4, 40, (3, 6))
+    full = model(src, tgt)
+    memory, keep = model.encode(src)
+    state = model.init_state(memory, keep, max_len=10)
+    steps = []
+    for t in range(tgt.shape[1]):
+        logits, state = model.step(tgt[:, t], state)
+        steps.append(logits)
+    assert torch.allclose(torch.stack(steps, 1), full, atol=1e-5)
+
+
+def test_reorder_and_select_rows_move_the_cache_with_the_rows():
+    model = tiny_model()
+    src = torch.randint(4, 40, (2, 5)).repeat_interleave(2, 0)  # 2 sentences x 2 rows
+    tgt = torch.randint(4, 40, (4, 3))
+    memory, keep = model.encode(src)
+    state = model.init_state(memory, keep, max_len=8)
+    for t in range(2):
+        _, state = model.step(tgt[:, t], state)
+    # row 0 takes row 1's history (same sentence); then only sentence 2 is kept
+    state = model.reorder_beams(state, torch.tensor([1, 1, 2, 3]))
+    state = model.select_rows(state, torch.tensor([0, 3]))
+    logits, _ = model.step(tgt[[1, 3], 2], state)
+    expected = model(src[[1, 3]], tgt[[1, 3]])[:, 2]
+    assert torch.allclose(logits, expected, atol=1e-5)
+
+
+def test_parameter_counts_of_the_paper_models():
+    """Base and big with the 37000-subword joint vocabulary (paper: 65M and 213M)."""
+    base = ModelConfig()
+    big = ModelConfig(d_model=1024, d_ff=4096, heads=16, dropout=0.3)
+    with torch.device("meta"):
+        assert count_parameters(Transformer(base, 37000)) == 63_082_496
+        assert count_parameters(Transformer(big, 37000)) == 214_245_376
+
+
+def test_learning_rate_schedule_is_equation_3():
+    d, w = 512, 4000
+    assert inverse_sqrt_lr(1, d, w) == pytest.approx(d**-0.5 * 1 * w**-1.5)
+    assert inverse_sqrt_lr(w, d, w) == pytest.approx(d**-0.5 * w**-0.5)  # the peak, ~7e-4
+    assert inverse_sqrt_lr(4 * w, d, w) == pytest.approx(d**-0.5 * (4 * w) ** -0.5)
+    assert inverse_sqrt_lr(2000, d, w) < inverse_sqrt_lr(4000, d, w) > inverse_sqrt_lr(8000, d, w)
+
+
+def test_peak_lr_sets_the_scale_so_the_warmup_ends_at_it():
+    cfg = config_from_dict(
+        {
+            **_minimal(),
+            "model": {"d_model": 256, "heads": 4},
+            "train": {"warmup": 100, "peak_lr": 0.002},
+        }
+    )
+    scale = lr_scale(cfg.model, cfg.train)
+    assert inverse_sqrt_lr(100, 256, 100, scale) == pytest.approx(0.002)
+    assert inverse_sqrt_lr(400, 256, 100, scale) == pytest.approx(0.001)
+
+
+def test_label_smoothing_matches_the_smoothed_target_distribution():
+    torch.manual_seed(0)
+    logits = torch.randn(5, 11)
+    target = torch.tensor([3, 4, PAD_ID, 7, 10])
+    eps = 0.1
+    loss, nll = label_smoothed_nll(logits, target, eps, PAD_ID)
+    keep = target != PAD_ID
+    q = torch.full((5, 11), eps / 11)
+    q[torch.arange(5), target] += 1 - eps
+    expected = -(q * F.log_softmax(logits, -1)).sum(-1)[keep].sum()
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    assert nll.item() == pytest.approx(
+        F.cross_entropy(logits[keep], target[keep], reduction="sum").item(), rel=1e-5
+    )
+
+
+def _minimal() -> dict:
+    recipe = resolve_recipe("multi30k-en-de")
+    import yaml
+
+    return {"data": yaml.safe_load(recipe.read_text())["data"]}
