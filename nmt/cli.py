@@ -3,21 +3,37 @@
 Each command parses its options, loads the config, calls ONE library function and renders the result.
 Human-facing output (progress, tables, warnings) goes to stderr through Rich; results (translations,
 scores with --json) go to stdout so they can be piped. Library errors (nmt.errors.NmtError) become one
-red line and exit status 2 here, at the single boundary in `main`.
+red line and exit status 2 here, at the single boundary in `Commands.invoke`.
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
+from typer.core import TyperGroup
 
 from nmt.errors import NmtError
 
+err = Console(stderr=True)
+
+
+class Commands(TyperGroup):
+    """The one boundary where library errors become a red line on stderr and exit status 2."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except NmtError as e:
+            err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+            raise typer.Exit(e.exit_code) from None
+
+
 app = typer.Typer(
+    cls=Commands,
     name="nmt",
     help="Neural machine translation with the Transformer of 'Attention Is All You Need'.",
     no_args_is_help=True,
@@ -25,7 +41,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-err = Console(stderr=True)
 
 RecipeArg = Annotated[
     str,
@@ -142,26 +157,45 @@ def average(
 def translate(
     model: Annotated[Path, typer.Option("--model", "-m", help="Checkpoint from nmt train or nmt average.")],
     input: Annotated[Path | None, typer.Option("--input", "-i", help="Input file; default stdin.")] = None,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Output file; default stdout.")] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Output file; default stdout.")
+    ] = None,
     beam: Annotated[int | None, typer.Option(help="Beam size; 1 is greedy. Default: the recipe's.")] = None,
     lenpen: Annotated[float | None, typer.Option(help="Length penalty alpha, ((5+|Y|)/6)^alpha.")] = None,
     max_len_a: Annotated[float | None, typer.Option(help="Output limit a*source_length+b: a.")] = None,
     max_len_b: Annotated[int | None, typer.Option(help="Output limit a*source_length+b: b.")] = None,
-    max_tokens: Annotated[int | None, typer.Option(help="Token budget of one batch.")] = None,
-    nbest: Annotated[
-        int | None, typer.Option(help="Print N hypotheses per line: index<TAB>score<TAB>text.")
+    max_tokens: Annotated[
+        int | None,
+        typer.Option(help="Batch budget: sentences x beam x longest source. Default: the recipe's."),
     ] = None,
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
-    dtype: Annotated[str, typer.Option(help="auto, fp32, bf16 or fp16.")] = "auto",
+    nbest: Annotated[
+        int | None,
+        typer.Option(
+            help="Print up to N hypotheses per input line, best first, as index<TAB>score<TAB>text; "
+            "index is the 0-based input line number, score the length-normalized log-probability."
+        ),
+    ] = None,
+    device: Annotated[str, typer.Option(help="auto (CUDA if available), cpu, cuda or cuda:N.")] = "auto",
+    dtype: Annotated[
+        str, typer.Option(help="auto (bf16 on a CUDA GPU that has it, else fp32), fp32, bf16, fp16.")
+    ] = "auto",
     interactive: Annotated[
-        bool, typer.Option("--interactive", help="Answer each line as soon as it is read.")
+        bool,
+        typer.Option("--interactive", help="Answer each line as soon as it is read (default on a terminal)."),
     ] = False,
+    engine: Annotated[
+        str, typer.Option(help="torch, or ctranslate2 with --model a converted model folder.")
+    ] = "torch",
 ) -> None:
     """Translate lines: exactly one output line for every input line, in order.
+
+    Decode settings default to the checkpoint's own recipe. Blank lines give blank lines; invalid UTF-8
+    is replaced and lines too long for the model are truncated, each with a warning on stderr.
 
     [bold]Examples[/]
       cat in.en | nmt translate -m runs/multi30k-en-de/checkpoints/average.pt > out.de
       nmt translate -m model.pt -i in.en -o out.de --beam 4 --lenpen 0.6
+      nmt translate -m model.pt -i in.en --nbest 4 --beam 8
     """
     from nmt.translate import translate_stream
 
@@ -179,6 +213,7 @@ def translate(
         dtype=dtype,
         interactive=interactive,
         console=err,
+        engine=engine,
     )
 
 
@@ -191,17 +226,40 @@ def score(
     ] = None,
     metrics: Annotated[str, typer.Option(help="Comma-separated: bleu, chrf, ter.")] = "bleu",
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
+    width: Annotated[int, typer.Option("--width", "-w", min=0, help="Decimals shown, as sacrebleu -w.")] = 1,
 ) -> None:
     """Score translations with sacreBLEU (BLEU by default; chrF and TER on request).
 
     [bold]Examples[/]
       nmt score -r ref.de -i out.de
+      cat out.de | nmt score -r ref.de
       nmt score -r ref.de -i out.de --metrics bleu,chrf,ter --json
       nmt score -r ref.de -i baseline.de -i new.de     # paired bootstrap, first is the baseline
     """
     from nmt.score import score_files
 
-    score_files(refs, hyps or [], metrics=metrics, json_out=json_out, console=err)
+    score_files(refs, hyps or [], metrics=metrics, json_out=json_out, console=err, width=width)
+
+
+@app.command()
+def plot(
+    workdir: Annotated[Path, typer.Argument(help="Work directory of a training run (holds metrics.jsonl).")],
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="PNG to write. Default: WORKDIR/curves.png.")
+    ] = None,
+) -> None:
+    """Draw the learning curves of a run (loss, perplexity, BLEU, learning rate, speed) into a PNG.
+
+    Needs matplotlib: pip install 'nmt[plot]'.
+
+    [bold]Examples[/]
+      nmt plot runs/multi30k-en-de
+      nmt plot runs/multi30k-en-de -o curves.png
+    """
+    from nmt.plot import plot as run_plot
+
+    path = run_plot(workdir, output)
+    err.print(f"wrote {path}")
 
 
 @app.command()
@@ -227,12 +285,4 @@ def run(
 
 
 def main() -> None:
-    """Console entry point: the one place where library errors become a message and an exit status.
-
-    Typer's standalone mode already turns usage errors into a message and exit status 2.
-    """
-    try:
-        app()
-    except NmtError as e:
-        err.print(f"[bold red]error:[/] {e}", highlight=False, markup=True, soft_wrap=True)
-        sys.exit(e.exit_code)
+    app()
