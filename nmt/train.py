@@ -342,6 +342,40 @@ def find_resume_checkpoint(ckpt_dir: Path, console: Console):
 # The loop
 
 
+def forward_backward(net, batches, norm: torch.Tensor, cfg: Config, rt: Runtime, scaler) -> torch.Tensor:
+    """Accumulate the gradients of one update; returns the summed (loss, nll, target tokens).
+
+    `norm` scales each micro-batch's summed loss (1 / tokens of the whole update, times the world size
+    that DDP's averaging divides by again), so the gradients equal those of one big batch. Only the last
+    micro-batch all-reduces gradients under DDP.
+    """
+    stats = torch.zeros(3, device=rt.device)
+    batches = list(batches)
+    for i, (src, tgt_in, tgt_out) in enumerate(batches):
+        sync = i == len(batches) - 1 or rt.world_size == 1
+        with contextlib.nullcontext() if sync else net.no_sync(), rt.autocast():
+            logits = net(src, tgt_in)
+            loss, nll = label_smoothed_nll(logits, tgt_out, cfg.train.label_smoothing, PAD_ID)
+        (scaler.scale(loss * norm) if scaler else loss * norm).backward()
+        stats += torch.stack([loss.detach(), nll.detach(), (tgt_out != PAD_ID).sum().float()])
+    return stats
+
+
+def optimizer_step(model: Transformer, optimizer, scaler, clip_norm: float) -> torch.Tensor | None:
+    """Clip (when asked) and step; returns the gradient norm, or None when it was not finite (skipped)."""
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm or math.inf)
+    finite = bool(torch.isfinite(grad_norm))  # the one host-device sync of an update
+    if scaler is not None:
+        scaler.step(optimizer)  # skips by itself on inf/NaN
+        scaler.update()
+    elif finite:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm if finite else None
+
+
 class StopRequest:
     """SIGINT/SIGTERM set a flag; the loop saves a checkpoint at the end of the update and exits."""
 
@@ -420,26 +454,15 @@ def train(cfg: Config, workdir: Path, console: Console | None = None) -> Path:
             if rt.world_size > 1:
                 dist.all_reduce(total)
             norm = rt.world_size / total  # DDP averages over ranks; undo that and divide by all tokens
-            for i, (src, tgt_in, tgt_out) in enumerate(micro_batches(data.train, chunk, rt)):
-                sync = i == len(chunk) - 1 or rt.world_size == 1
-                with contextlib.nullcontext() if sync else net.no_sync(), rt.autocast():
-                    logits = net(src, tgt_in)
-                    loss, nll = label_smoothed_nll(logits, tgt_out, cfg.train.label_smoothing, PAD_ID)
-                (scaler.scale(loss * norm) if scaler else loss * norm).backward()
-                stats += torch.stack([loss.detach(), nll.detach(), (tgt_out != PAD_ID).sum().float()])
+            stats += forward_backward(net, micro_batches(data.train, chunk, rt), norm, cfg, rt, scaler)
             ntokens_since_log += local_tokens
-            # 3. skip a non-finite update; clip; step
-            if scaler is not None:
-                scaler.unscale_(optimizer)
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip_norm or math.inf)
-            if not torch.isfinite(grad_norm):
+            # 3. clip and step, or skip a non-finite update
+            grad_norm = optimizer_step(model, optimizer, scaler, cfg.train.clip_norm)
+            if grad_norm is None:
+                if scaler is not None and scaler.get_scale() >= 1.0:
+                    continue  # fp16 overflow: the scaler lowers its scale and the update is retried
                 prog.nonfinite_in_row += 1
-                optimizer.zero_grad(set_to_none=True)
-                if scaler is not None:
-                    scaler.update()
-                log.print(
-                    f"[yellow]warning:[/] non-finite loss or gradient at step {prog.step + 1}; update skipped"
-                )
+                log.print(f"[yellow]warning:[/] non-finite loss or gradient at step {prog.step + 1}; skipped")
                 if prog.nonfinite_in_row >= cfg.train.max_nonfinite:
                     raise NmtError(
                         f"{prog.nonfinite_in_row} non-finite updates in a row at step {prog.step + 1}: "
@@ -448,12 +471,6 @@ def train(cfg: Config, workdir: Path, console: Console | None = None) -> Path:
                     )
                 continue
             prog.nonfinite_in_row = 0
-            if scaler is not None:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
             prog.step += 1
             prog.elapsed = time.monotonic() - started
             # 4. log

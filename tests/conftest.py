@@ -1,0 +1,37 @@
+"""Shared fixtures: the Multi30k mirror (or a skip that says how to enable it) and one trained model."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from .synthetic import make_config, make_workdir
+
+
+@pytest.fixture(scope="session")
+def multi30k_mirror() -> Path:
+    """The folder of verbatim Multi30k files named by NMT_DATA_MIRROR (.ci/run sets it)."""
+    value = os.environ.get("NMT_DATA_MIRROR")
+    if not value:
+        pytest.skip("needs the Multi30k files: set NMT_DATA_MIRROR=/path/to/multi30k to run")
+    path = Path(value)
+    if not (path / "train.en.gz").is_file():
+        pytest.skip(f"NMT_DATA_MIRROR={value} holds no train.en.gz; point it at a Multi30k mirror folder")
+    return path.resolve()
+
+
+@pytest.fixture(scope="session")
+def synthetic_run(tmp_path_factory) -> Path:
+    """A work directory with a model trained on the reversal task by the real trainer (about 30 s).
+
+    Shared by every test that needs a model that has actually learned something: search, translation,
+    export. Returns the work directory; the model is checkpoints/best.pt.
+    """
+    from nmt.train import train
+
+    workdir = tmp_path_factory.mktemp("synthetic-run")
+    make_workdir(workdir)
+    train(make_config(max_steps=450, threads=2), workdir)
+    return workdir
