@@ -1,0 +1,299 @@
+"""`nmt preprocess`: from a recipe's corpora to the files the trainer reads, in three resumable steps.
+
+    text      fetch every corpus; clean the training pairs into data/clean/train.<lang>; write the raw
+              validation text data/valid.<lang> and the raw test text data/test/<name>.<lang>
+    subword   train the joint SentencePiece model data/spm.model on the cleaned training text
+    binarize  encode every split, drop training pairs over data.max_subwords, write data/*.bin|.idx and
+              data/stats.json
+
+Each step writes its outputs under temporary names, renames them when complete, and only then writes its
+marker (data/.done/<step>.json, holding a fingerprint of the data settings it used). A step whose marker is
+present and current is skipped; a step killed midway has no marker and is redone, and so is every step
+after one that ran. --force redoes them all. Downloads are cached separately (see nmt.data.fetch).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import time
+from collections import Counter
+from collections.abc import Iterator
+from operator import itemgetter
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from nmt.config import Config, DataConfig, config_to_dict
+from nmt.data.binarized import write_split
+from nmt.data.clean import REASONS, clean_pairs, open_text, read_pairs
+from nmt.data.corpora import corpus_text
+from nmt.subword import Subword, train_subword
+
+STEPS = ("text", "subword", "binarize")
+FORMAT = 1  # bump when the outputs change meaning, so old work directories are redone
+ENCODE_CHUNK = 20_000
+PERCENTILES = (50, 90, 95, 99, 100)
+SUBWORD_KEYS = ("vocab_size", "subword_type", "character_coverage", "spm_sample_sentences", "max_subwords")
+
+
+def preprocess(
+    cfg: Config,
+    workdir: Path,
+    mirror: str | None = None,
+    force: bool = False,
+    console: Console | None = None,
+) -> dict:
+    """Run the steps not yet done for this data config; returns the statistics of data/stats.json."""
+    console = console or Console(stderr=True, quiet=True)
+    data, out = cfg.data, Path(workdir) / "data"
+    stale = force
+    for step in STEPS:
+        fingerprint = _fingerprint(data, step)
+        reason = "forced" if force else _why_redo(out, step, fingerprint, _outputs(out, data, step))
+        if reason is None and not stale:
+            continue
+        stale = True
+        console.print(f"[bold]{step}[/]: {reason or 'an earlier step was redone'}", highlight=False)
+        start = time.perf_counter()
+        if step == "text":
+            info = write_text(data, out, mirror=mirror, console=console)
+        elif step == "subword":
+            model = train_subword([_clean(out, data.src_lang), _clean(out, data.tgt_lang)], out / "spm", data)
+            info = {"model": str(model)}
+        else:
+            text_info = _marker(out, "text")["info"]
+            info = binarize(data, out, text_info)
+            _write_json(out / "stats.json", info)
+            _print_stats(info, data, console)
+        _write_json(out / ".done" / f"{step}.json", {"fingerprint": fingerprint, "info": info})
+        console.print(f"[bold]{step}[/]: done in {time.perf_counter() - start:.1f} s", highlight=False)
+    if not stale:
+        console.print(f"preprocess: already done in {out} (--force redoes it)", highlight=False)
+    return json.loads((out / "stats.json").read_text(encoding="utf-8"))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Steps
+
+
+def write_text(data: DataConfig, out: Path, *, mirror: str | None, console: Console) -> dict:
+    """Fetch all corpora; write the cleaned training text and the raw validation and test text."""
+    langs = (data.src_lang, data.tgt_lang)
+    texts = {
+        section: [corpus_text(c, *langs, mirror=mirror, console=console) for c in getattr(data, section)]
+        for section in ("train", "valid", "test")
+    }
+    staged: list[tuple[Path, Path]] = []  # (.part, final) renamed together once everything is written
+
+    def writers(paths: tuple[Path, Path]):
+        parts = tuple(p.with_name(p.name + ".part") for p in paths)
+        staged.extend(zip(parts, paths, strict=True))
+        for p in parts:
+            p.parent.mkdir(parents=True, exist_ok=True)
+        return open_text(parts[0], "w"), open_text(parts[1], "w")
+
+    train: dict = {"corpora": {}}
+    fs, ft = writers((_clean(out, data.src_lang), _clean(out, data.tgt_lang)))
+    with fs, ft:
+        for text in texts["train"]:
+            console.print(f"cleaning {text.name}", highlight=False)
+            seen = _Counted(read_pairs(text.src, text.tgt))
+            dropped = dict.fromkeys(REASONS, 0)
+            kept = 0
+            for s, t in clean_pairs(seen, data, dropped):
+                fs.write(s + "\n")
+                ft.write(t + "\n")
+                kept += 1
+            train["corpora"][text.name] = {"lines": seen.n, "kept": kept, "dropped": dropped}
+    valid_lines = 0
+    fs, ft = writers((out / f"valid.{data.src_lang}", out / f"valid.{data.tgt_lang}"))
+    with fs, ft:
+        for text in texts["valid"]:
+            for s, t in read_pairs(text.src, text.tgt):
+                fs.write(s + "\n")
+                ft.write(t + "\n")
+                valid_lines += 1
+    test = {}
+    for text in texts["test"]:
+        fs, ft = writers(tuple(out / "test" / f"{text.name}.{lang}" for lang in langs))
+        with fs, ft:
+            test[text.name] = 0
+            for s, t in read_pairs(text.src, text.tgt):
+                fs.write(s + "\n")
+                ft.write(t + "\n")
+                test[text.name] += 1
+    for part, final in staged:
+        os.replace(part, final)
+    return {"train": train, "valid": {"lines": valid_lines}, "test": test}
+
+
+def binarize(data: DataConfig, out: Path, text_info: dict) -> dict:
+    """Encode the cleaned training text and the validation text; returns the statistics."""
+    sub = Subword.load(out / "spm.model")
+    train = dict(text_info["train"])
+    dropped = {r: sum(c["dropped"][r] for c in train["corpora"].values()) for r in REASONS}
+    lengths = (Counter(), Counter())
+
+    def kept_pairs() -> Iterator[tuple[list[int], list[int]]]:
+        dropped["too_many_subwords"] = 0
+        for src, tgt in _encoded(sub, _clean(out, data.src_lang), _clean(out, data.tgt_lang)):
+            if len(src) > data.max_subwords or len(tgt) > data.max_subwords:
+                dropped["too_many_subwords"] += 1
+                continue
+            lengths[0][len(src)] += 1
+            lengths[1][len(tgt)] += 1
+            yield src, tgt
+
+    n_train = _write_pairs(out / "train", kept_pairs(), sub.vocab_size)
+    train.update(
+        lines=sum(c["lines"] for c in train["corpora"].values()),
+        kept=n_train,
+        dropped=dropped,
+        **_sizes(lengths),
+    )
+    valid_lengths = (Counter(), Counter())
+
+    def valid_pairs() -> Iterator[tuple[list[int], list[int]]]:
+        for src, tgt in _encoded(sub, out / f"valid.{data.src_lang}", out / f"valid.{data.tgt_lang}"):
+            valid_lengths[0][len(src)] += 1
+            valid_lengths[1][len(tgt)] += 1
+            yield src, tgt
+
+    n_valid = _write_pairs(out / "valid", valid_pairs(), sub.vocab_size)
+    return {
+        "src_lang": data.src_lang,
+        "tgt_lang": data.tgt_lang,
+        "vocab_size": sub.vocab_size,
+        "subword_type": data.subword_type,
+        "train": train,
+        "valid": {"lines": n_valid, **_sizes(valid_lengths)},
+        "test": text_info["test"],
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Helpers
+
+
+class _Counted:
+    """Pass items through, counting them."""
+
+    def __init__(self, items: Iterator):
+        self.items, self.n = items, 0
+
+    def __iter__(self):
+        for item in self.items:
+            self.n += 1
+            yield item
+
+
+def _encoded(sub: Subword, src: Path, tgt: Path) -> Iterator[tuple[list[int], list[int]]]:
+    """Subword ids of aligned files, encoded in chunks so SentencePiece can batch (and thread) them."""
+    pairs = read_pairs(src, tgt)
+    while chunk := list(itertools.islice(pairs, ENCODE_CHUNK)):
+        yield from zip(sub.encode([s for s, _ in chunk]), sub.encode([t for _, t in chunk]), strict=True)
+
+
+def _write_pairs(prefix: Path, pairs: Iterator[tuple[list[int], list[int]]], vocab_size: int) -> int:
+    a, b = itertools.tee(pairs)  # read in lockstep by write_split's zip, so the buffer stays one pair
+    return write_split(prefix, map(itemgetter(0), a), map(itemgetter(1), b), vocab_size=vocab_size)
+
+
+def _sizes(lengths: tuple[Counter, Counter]) -> dict:
+    """Tokens per side and length percentiles per side, from histograms of subword lengths."""
+    sides = dict(zip(("src", "tgt"), lengths, strict=True))
+    return {
+        "tokens": {side: sum(n * c for n, c in h.items()) for side, h in sides.items()},
+        "length_percentiles": {
+            side: {str(p): _percentile(h, p) for p in PERCENTILES} for side, h in sides.items()
+        },
+    }
+
+
+def _percentile(histogram: Counter, p: float) -> int:
+    """The smallest length that at least p% of the sentences do not exceed (0 for no sentences)."""
+    total = sum(histogram.values())
+    seen = 0
+    for length in sorted(histogram):
+        seen += histogram[length]
+        if seen * 100 >= p * total:
+            return length
+    return 0
+
+
+def _clean(out: Path, lang: str) -> Path:
+    return out / "clean" / f"train.{lang}"
+
+
+def _fingerprint(data: DataConfig, step: str) -> str:
+    """A hash of the data settings `step` depends on: a new vocabulary size must not redo the cleaning."""
+    settings = config_to_dict(data)
+    if step == "text":
+        for key in SUBWORD_KEYS:
+            settings.pop(key)
+    raw = json.dumps({"format": FORMAT, "data": settings}, sort_keys=True)
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+def _marker(out: Path, step: str) -> dict:
+    return json.loads((out / ".done" / f"{step}.json").read_text(encoding="utf-8"))
+
+
+def _outputs(out: Path, data: DataConfig, step: str) -> list[Path]:
+    """The files a later step or command needs from `step` (test files are checked by whoever reads them)."""
+    if step == "text":
+        langs = (data.src_lang, data.tgt_lang)
+        return [_clean(out, lang) for lang in langs] + [out / f"valid.{lang}" for lang in langs]
+    if step == "subword":
+        return [out / "spm.model"]
+    return [
+        out / f"{split}.{side}.{ext}"
+        for split in ("train", "valid")
+        for side in ("src", "tgt")
+        for ext in ("bin", "idx")
+    ] + [out / "stats.json"]
+
+
+def _why_redo(out: Path, step: str, fingerprint: str, outputs: list[Path]) -> str | None:
+    """None when the step is done for this data config and its outputs are there, else why it must run."""
+    try:
+        marker = _marker(out, step)
+    except (OSError, ValueError):
+        return "not done yet"
+    if marker.get("fingerprint") != fingerprint:
+        return "the recipe's data section changed since it was done"
+    missing = [p.name for p in outputs if not p.is_file()]
+    if missing:
+        return f"{missing[0]} is missing"
+    return None
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(path.name + ".part")
+    part.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+    os.replace(part, path)
+
+
+def _print_stats(stats: dict, data: DataConfig, console: Console) -> None:
+    train = stats["train"]
+    table = Table(title="training pairs", title_justify="left")
+    table.add_column("")
+    table.add_column("pairs", justify="right")
+    table.add_row("read", f"{train['lines']:,}")
+    for reason, n in train["dropped"].items():
+        table.add_row(f"dropped: {reason.replace('_', ' ')}", f"{n:,}")
+    table.add_row("kept", f"{train['kept']:,}")
+    console.print(table)
+    p, tokens = train["length_percentiles"], train["tokens"]
+    tests = ", ".join(f"{k} {v:,}" for k, v in stats["test"].items()) or "none"
+    console.print(
+        f"train: {tokens['src']:,} {data.src_lang} / {tokens['tgt']:,} {data.tgt_lang} subwords,"
+        f" 95th percentile length {p['src']['95']} / {p['tgt']['95']};"
+        f" valid: {stats['valid']['lines']:,} pairs; test: {tests}; vocabulary {stats['vocab_size']:,}",
+        highlight=False,
+    )
