@@ -1,0 +1,287 @@
+"""Greedy and beam search over the decoder's incremental contract; torch only, no files, no vocabulary.
+
+The model is used through five calls (nmt.model): `encode(src) -> (memory, src_keep)`,
+`init_state(memory, src_keep, max_len)`, `step(tokens, state) -> (logits, state)`,
+`reorder_beams(state, rows)` and `select_rows(state, rows)`. Both searches are one batched loop over target
+positions with numbered steps; the parts of a beam step are the small pure functions above them.
+
+Conventions. A hypothesis's score is the sum of its token log-probabilities, EOS included, divided by the
+GNMT length penalty lp(Y) = ((5 + |Y|) / 6)^alpha (Wu et al., 2016, eq. 14), |Y| counting the EOS; the
+paper decodes with beam 4 and alpha 0.6 (section 6.1). A sentence may emit at most
+floor(a * |x| + b) tokens before its EOS (|x| the source length without EOS; paper: a=1, b=50), and never
+more than the model's positions allow; at that limit EOS is the only choice. PAD and BOS are never
+emitted; UNK is. Log-softmax runs in at least float32, whatever the model's dtype.
+
+Beam bookkeeping follows fairseq: each step takes the 2K best one-token extensions of a sentence's K live
+hypotheses (2K, so K live ones remain even when K of them end in EOS); an EOS among the K best finishes a
+hypothesis, the K best others stay live. A sentence stops, and leaves the batch, when
+  (a) K hypotheses have finished (fairseq's rule; with K=1 this makes beam search exactly greedy search), or
+  (b) its nbest-th finished score already beats the best score any live hypothesis could still reach
+      (`best_possible`: with log-probs <= 0 a live raw score can only fall, so its normalized score is at
+      most raw / lp at the length where lp is largest), which stops early without changing the n-best, or
+  (c) it reaches its length limit, where every live hypothesis is forced to finish.
+Rule (a) can stop while a live hypothesis could still, in principle, overtake the finished ones under a
+positive alpha; Sockeye and fairseq accept this too, and it keeps beam 1 identical to greedy.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from nmt.model import PAD_ID
+
+PAD, BOS, EOS = PAD_ID, 2, 3  # nmt.subword's reserved ids; search needs no other part of the vocabulary
+# Finished sentences stay in the batch, frozen, until they are 1/COMPACT_EVERY of it: dropping them copies the
+# whole decoder state, which costs more than a few wasted rows per step.
+COMPACT_EVERY = 4
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]  # without BOS/EOS
+    score: float  # sum of token log-probs (incl. EOS) divided by the length penalty
+
+
+# ---- the parts, as pure functions -------------------------------------------------------------------
+
+
+def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
+    """GNMT lp(Y) = ((5 + |Y|) / 6)^alpha, |Y| the hypothesis length counting its EOS."""
+    return ((5 + length) / 6) ** alpha
+
+
+def max_output_lengths(src: Tensor, a: float, b: int, max_positions: int) -> Tensor:
+    """Tokens allowed before the EOS: floor(a * |x| + b), |x| = source length without EOS: (B, S) -> (B,).
+
+    Capped at max_positions - 1 so that BOS + tokens, the decoder's inputs, fit its positions.
+    """
+    src_len = (src != PAD).sum(1) - 1  # (B,)
+    return (a * src_len + b).floor().long().clamp(0, max_positions - 1)
+
+
+def score_dtype(memory: Tensor) -> torch.dtype:
+    """Scores in float32 even when the model runs in bf16/fp16 (float64 stays float64)."""
+    return torch.promote_types(memory.dtype, torch.float32)
+
+
+def token_masks(vocab: int, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Tensor]:
+    """Additive masks (V,): `free` forbids PAD and BOS; `eos_only` forbids everything but EOS."""
+    free = torch.zeros(vocab, dtype=dtype, device=device)
+    free[[PAD, BOS]] = -math.inf
+    eos_only = torch.full((vocab,), -math.inf, dtype=dtype, device=device)
+    eos_only[EOS] = 0.0
+    return free, eos_only
+
+
+def step_log_probs(logits: Tensor, at_limit: Tensor, free: Tensor, eos_only: Tensor) -> Tensor:
+    """log p(w | y_<t, x) = log_softmax(logits) in the masks' dtype, masked: (N, V), (N,) bool -> (N, V).
+
+    Rows at their length limit may only emit EOS; no row may emit PAD or BOS.
+    """
+    lprobs = torch.log_softmax(logits.to(free.dtype), dim=-1)
+    return lprobs + torch.where(at_limit[:, None], eos_only, free)
+
+
+def expand_scores(scores: Tensor, lprobs: Tensor) -> Tensor:
+    """score(y_1..t w) = score(y_1..t) + log p(w | y_1..t, x): (B, K) and (B*K, V) -> (B, K*V)."""
+    b, k = scores.shape
+    return (scores[:, :, None] + lprobs.view(b, k, -1)).view(b, -1)  # (B, K, V) -> (B, K*V)
+
+
+def top_candidates(cand: Tensor, n: int, vocab: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The n best extensions of each sentence, best first: (B, K*V) -> scores, source beams, tokens (B, n)."""
+    scores, flat = cand.topk(n, dim=1)  # (B, n)
+    return scores, flat // vocab, flat % vocab
+
+
+def finalize(
+    fin_scores: Tensor,
+    fin_tokens: Tensor,
+    cand_scores: Tensor,
+    cand_tokens: Tensor,
+    cand_seqs: Tensor,
+    length: int,
+    alpha: float,
+) -> tuple[Tensor, Tensor]:
+    """Finish the candidates that end in EOS and keep each sentence's K best finished hypotheses.
+
+    A finished score is raw / lp(length), `length` = |Y| with the EOS. Only the first K candidates are
+    looked at (an EOS ranked below them would not have survived in a beam of K).
+    fin_scores (B, K), best first, -inf where empty; fin_tokens (B, K, T); cand_scores, cand_tokens (B, K);
+    cand_seqs (B, K, T): each candidate's tokens before its last one, PAD-filled.
+    """
+    k = fin_scores.shape[1]
+    ends = (cand_tokens == EOS) & torch.isfinite(cand_scores)  # (B, K)
+    new_scores = torch.where(ends, cand_scores / length_penalty(length, alpha), -math.inf)  # (B, K)
+    scores, pick = torch.cat([fin_scores, new_scores], 1).topk(k, dim=1)  # (B, 2K) -> (B, K)
+    tokens = torch.cat([fin_tokens, cand_seqs], 1)  # (B, 2K, T)
+    return scores, tokens.gather(1, pick[:, :, None].expand(-1, -1, tokens.shape[2]))  # (B, K, T)
+
+
+def select_live(cand_scores: Tensor, cand_beams: Tensor, cand_tokens: Tensor, k: int) -> tuple[Tensor, ...]:
+    """The K best candidates that do not end in EOS, best first: (B, 2K) each -> (B, K) each.
+
+    Among 2K candidates at most K end in EOS (one per beam), so K always remain. The sort is stable, so
+    the candidates keep their score order.
+    """
+    order = torch.sort((cand_tokens == EOS).to(torch.uint8), dim=1, stable=True).indices[:, :k]  # (B, K)
+    return cand_scores.gather(1, order), cand_beams.gather(1, order), cand_tokens.gather(1, order)
+
+
+def best_possible(live_best: Tensor, t: int, max_lens: Tensor, alpha: float) -> Tensor:
+    """Upper bound on the normalized score a live hypothesis (t + 1 tokens, raw score s) can still reach.
+
+    Later tokens only lower s (log-probs <= 0), and it ends with |Y| in [t + 2, max_len + 1], so its score
+    is at most s / max lp(|Y|): lp at max_len + 1 for alpha >= 0, at t + 2 for alpha < 0. (B,) -> (B,).
+    """
+    longest = length_penalty((max_lens + 1).to(live_best.dtype), alpha)
+    return live_best / torch.clamp(longest, min=length_penalty(t + 2, alpha))
+
+
+def sentence_done(
+    fin_scores: Tensor, live_scores: Tensor, t: int, max_lens: Tensor, alpha: float, nbest: int
+) -> Tensor:
+    """Rules (a), (b), (c) of the module docstring: (B, K) finished and live scores -> (B,) bool."""
+    full = torch.isfinite(fin_scores[:, -1])  # (a) K finished
+    nth = fin_scores[:, nbest - 1]
+    unbeatable = torch.isfinite(nth) & (nth >= best_possible(live_scores[:, 0], t, max_lens, alpha))  # (b)
+    return full | unbeatable | (max_lens <= t)  # (c)
+
+
+def hypotheses(scores: Tensor, tokens: Tensor, n: int) -> list[list[Hypothesis]]:
+    """The n best finished hypotheses per sentence, to Python once at the end: (B, K), (B, K, T)."""
+    out = []
+    for row_scores, row_tokens in zip(scores[:, :n].tolist(), tokens[:, :n].tolist(), strict=True):
+        out.append(
+            [
+                Hypothesis([w for w in seq if w != PAD], s)
+                for s, seq in zip(row_scores, row_tokens, strict=True)
+                if s != -math.inf
+            ]
+        )
+    return out
+
+
+# ---- the searches -----------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def greedy_search(
+    model, src: Tensor, max_len_a: float, max_len_b: int, lenpen: float = 0.0
+) -> list[Hypothesis]:
+    """The most probable next token at every step. `lenpen` only scales the reported score (as beam 1's).
+
+    src: (B, S) right-padded ids, each row ending in EOS.
+    """
+    b = src.shape[0]
+    max_lens = max_output_lengths(src, max_len_a, max_len_b, model.cfg.max_positions)  # (B,)
+    steps = int(max_lens.max()) + 1  # decoder positions: BOS + up to max_len tokens
+    memory, src_keep = model.encode(src)
+    state = model.init_state(memory, src_keep, steps)
+    dtype = score_dtype(memory)
+    free, eos_only = token_masks(model.vocab_size, dtype, src.device)
+
+    ids = torch.arange(b, device=src.device)  # original sentence of each row
+    alive = torch.ones(b, dtype=torch.bool, device=src.device)  # sentences still searching
+    raw = torch.zeros(b, dtype=dtype, device=src.device)  # (B,) sum of log-probs so far
+    seqs = torch.full((b, steps), PAD, device=src.device)  # (B, T) tokens so far
+    last = torch.full((b,), BOS, device=src.device)
+    out_tokens = torch.full((b, steps), PAD, device=src.device)
+    out_scores = torch.zeros(b, dtype=dtype, device=src.device)
+    for t in range(steps):
+        # 1. one decoder step for every live sentence
+        logits, state = model.step(last, state)
+        lprobs = step_log_probs(logits, max_lens <= t, free, eos_only)  # (B, V)
+        # 2. the best token
+        best, last = lprobs.max(dim=1)  # (B,)
+        raw = raw + best
+        done = (last == EOS) & alive
+        seqs[:, t] = last.masked_fill(last == EOS, PAD)
+        # 3. finished sentences are recorded, and leave the batch once they are a quarter of it
+        alive &= ~done
+        n_done, n_dead = torch.stack([done.sum(), (~alive).sum()]).tolist()  # the one host sync a step
+        if n_done:
+            out_tokens[ids[done]] = seqs[done]
+            out_scores[ids[done]] = raw[done] / length_penalty(t + 1, lenpen)
+        if n_dead == len(alive):
+            break
+        if n_dead * COMPACT_EVERY >= len(alive):
+            keep = alive.nonzero().squeeze(1)
+            ids, raw, seqs, last, max_lens, alive = (x[keep] for x in (ids, raw, seqs, last, max_lens, alive))
+            state = model.select_rows(state, keep)
+    return [h[0] for h in hypotheses(out_scores[:, None], out_tokens[:, None], 1)]
+
+
+@torch.no_grad()
+def beam_search(
+    model, src: Tensor, beam: int, lenpen: float, max_len_a: float, max_len_b: int, nbest: int = 1
+) -> list[list[Hypothesis]]:
+    """Beam search (module docstring) -> the `nbest` best hypotheses of each sentence, best first.
+
+    src: (B, S) right-padded ids, each row ending in EOS. Rows of the decoder state are sentence-major:
+    row i * K + j is beam j of sentence i.
+    """
+    if not 1 <= nbest <= beam:
+        raise ValueError(f"nbest {nbest} must be between 1 and the beam size {beam}")
+    b, k, dev = src.shape[0], beam, src.device
+    max_lens = max_output_lengths(src, max_len_a, max_len_b, model.cfg.max_positions)  # (B,)
+    steps = int(max_lens.max()) + 1  # decoder positions: BOS + up to max_len tokens
+    memory, src_keep = model.encode(src)
+    # Encoder keys/values are projected once per sentence, then copied to its K rows.
+    state = model.init_state(memory, src_keep, steps)
+    state = model.select_rows(state, torch.arange(b, device=dev).repeat_interleave(k))
+    dtype = score_dtype(memory)
+    free, eos_only = token_masks(model.vocab_size, dtype, dev)
+
+    ids = torch.arange(b, device=dev)  # original sentence of each live sentence
+    alive = torch.ones(b, dtype=torch.bool, device=dev)  # sentences still searching
+    scores = torch.full((b, k), -math.inf, dtype=dtype, device=dev)  # (B, K) raw scores of live hypotheses
+    scores[:, 0] = 0.0  # one hypothesis (BOS) to start from; the -inf rows never win a slot
+    seqs = torch.full((b * k, steps), PAD, device=dev)  # (B*K, T) live tokens so far
+    last = torch.full((b * k,), BOS, device=dev)
+    fin_scores = torch.full((b, k), -math.inf, dtype=dtype, device=dev)  # (B, K) best first
+    fin_tokens = torch.full((b, k, steps), PAD, device=dev)
+    out_scores, out_tokens = fin_scores.clone(), fin_tokens.clone()
+    offsets = torch.arange(b, device=dev)[:, None] * k  # (B, 1) first row of each sentence
+    for t in range(steps):
+        # 1. one decoder step for every live hypothesis
+        logits, state = model.step(last, state)
+        lprobs = step_log_probs(logits, (max_lens <= t).repeat_interleave(k), free, eos_only)  # (B*K, V)
+        # 2. the 2K best one-token extensions of each sentence
+        cand_scores, cand_beams, cand_tokens = top_candidates(
+            expand_scores(scores, lprobs), 2 * k, lprobs.shape[1]
+        )
+        # 3. those among the K best that end in EOS finish, with |Y| = t + 1
+        rows = (offsets + cand_beams[:, :k]).view(-1)  # (B*K,)
+        cand_seqs = seqs.index_select(0, rows).view(-1, k, steps)  # (B, K, T)
+        fin_scores, fin_tokens = finalize(
+            fin_scores, fin_tokens, cand_scores[:, :k], cand_tokens[:, :k], cand_seqs, t + 1, lenpen
+        )
+        # 4. the K best others stay live: their rows take over their parents' histories
+        scores, beams, tokens = select_live(cand_scores, cand_beams, cand_tokens, k)  # (B, K) each
+        rows = (offsets + beams).view(-1)  # (B*K,)
+        last = tokens.view(-1)
+        seqs = seqs.index_select(0, rows)
+        seqs[:, t] = last
+        state = model.reorder_beams(state, rows)
+        # 5. finished sentences are recorded, and leave the batch once they are a quarter of it
+        done = sentence_done(fin_scores, scores, t, max_lens, lenpen, nbest) & alive  # (B,)
+        alive &= ~done
+        n_done, n_dead = torch.stack([done.sum(), (~alive).sum()]).tolist()  # the one host sync a step
+        if n_done:
+            out_scores[ids[done]], out_tokens[ids[done]] = fin_scores[done], fin_tokens[done]
+        if n_dead == len(alive):
+            break
+        if n_dead * COMPACT_EVERY >= len(alive):
+            keep = alive.nonzero().squeeze(1)  # (B',)
+            keep_rows = (keep[:, None] * k + torch.arange(k, device=dev)).view(-1)  # (B'*K,)
+            ids, max_lens, scores, alive = ids[keep], max_lens[keep], scores[keep], alive[keep]
+            fin_scores, fin_tokens = fin_scores[keep], fin_tokens[keep]
+            seqs, last = seqs[keep_rows], last[keep_rows]
+            offsets = offsets[: keep.numel()]
+            state = model.select_rows(state, keep_rows)
+    return hypotheses(out_scores, out_tokens, nbest)

@@ -1,0 +1,266 @@
+"""Greedy and beam search: scripted-probability fakes for exact hypotheses, and a real random model
+checked against a naive reference that recomputes the whole prefix at every step."""
+
+import math
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from nmt.config import ModelConfig
+from nmt.model import Transformer
+from nmt.search import (
+    BOS,
+    EOS,
+    PAD,
+    beam_search,
+    best_possible,
+    greedy_search,
+    length_penalty,
+    max_output_lengths,
+    select_live,
+)
+
+UNK, A, B = 1, 4, 5
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models on a shared 2-core machine: one torch thread avoids oversubscription stalls."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# ---- a decoder whose next-token probabilities are a script keyed by the prefix ----------------------
+
+
+@dataclass
+class FakeState:
+    sentence: torch.Tensor  # (N,) which sentence each row belongs to
+    prefix: torch.Tensor  # (N, t) tokens fed so far, BOS first
+    max_len: int
+
+
+class ScriptedModel:
+    """Implements the incremental contract; p(w | prefix) comes from `script`, else from `default`."""
+
+    def __init__(self, script: dict, default: dict, vocab: int = 6, max_positions: int = 64):
+        self.script, self.default = script, default
+        self.vocab_size, self.cfg = vocab, SimpleNamespace(max_positions=max_positions)
+        self.steps = 0
+
+    def encode(self, src):
+        return src.double()[:, :, None], (src != PAD)[:, None, None, :]
+
+    def init_state(self, memory, src_keep, max_len):
+        n = memory.shape[0]
+        return FakeState(torch.arange(n), torch.zeros(n, 0, dtype=torch.long), max_len)
+
+    def step(self, tokens, state):
+        assert state.prefix.shape[1] < state.max_len, "stepped past the positions init_state allocated"
+        self.steps += 1
+        state.prefix = torch.cat([state.prefix, tokens[:, None]], 1)
+        logits = torch.full((len(tokens), self.vocab_size), -math.inf, dtype=torch.float64)
+        for row, prefix in enumerate(state.prefix.tolist()):
+            assert prefix[0] == BOS
+            for w, p in self.script.get(tuple(prefix[1:]), self.default).items():
+                logits[row, w] = math.log(p)
+        return logits, state
+
+    def reorder_beams(self, state, rows):
+        assert torch.equal(state.sentence[rows], state.sentence), "beams moved across sentences"
+        state.prefix = state.prefix[rows]
+        return state
+
+    def select_rows(self, state, rows):
+        return FakeState(state.sentence[rows], state.prefix[rows], state.max_len)
+
+
+# Two ways to end: "a" (short, raw log-prob -1.0217) and "b b" (long, raw -1.0510). Without a length
+# penalty the short one wins; with alpha = 1 the long one does.
+FLIP = {
+    (): {A: 0.45, B: 0.40, EOS: 0.05, UNK: 0.10},
+    (A,): {EOS: 0.80, UNK: 0.10, A: 0.05, B: 0.05},
+    (B,): {B: 0.92, EOS: 0.02, UNK: 0.03, A: 0.03},
+    (B, B): {EOS: 0.95, UNK: 0.05},
+}
+SHORT = math.log(0.45) + math.log(0.80)
+LONG = math.log(0.40) + math.log(0.92) + math.log(0.95)
+OTHERWISE = {EOS: 0.6, UNK: 0.4}
+SRC = torch.tensor([[7, EOS]])
+
+
+def test_scripted_beam_finds_exact_hypotheses_and_scores():
+    model = ScriptedModel(FLIP, OTHERWISE)
+    (hyps,) = beam_search(model, SRC, beam=2, lenpen=0.0, max_len_a=1.0, max_len_b=10, nbest=2)
+    assert [h.tokens for h in hyps] == [[A], [B, B]]
+    assert [h.score for h in hyps] == pytest.approx([SHORT, LONG], abs=1e-12)
+
+
+def test_length_penalty_flips_the_ranking():
+    model = ScriptedModel(FLIP, OTHERWISE)
+    (hyps,) = beam_search(model, SRC, beam=2, lenpen=1.0, max_len_a=1.0, max_len_b=10, nbest=2)
+    assert [h.tokens for h in hyps] == [[B, B], [A]]
+    assert [h.score for h in hyps] == pytest.approx([LONG / (8 / 6), SHORT / (7 / 6)], abs=1e-12)
+    # greedy commits to "a" at the first step and cannot see the better long hypothesis
+    (greedy,) = greedy_search(model, SRC, 1.0, 10, lenpen=1.0)
+    assert greedy.tokens == [A] and greedy.score == pytest.approx(SHORT / (7 / 6), abs=1e-12)
+
+
+def test_pad_and_bos_are_never_emitted_but_unk_is():
+    script = {(): {PAD: 0.5, BOS: 0.3, UNK: 0.15, EOS: 0.05}}
+    model = ScriptedModel(script, {EOS: 0.6, A: 0.4})
+    (greedy,) = greedy_search(model, SRC, 1.0, 10)
+    assert greedy.tokens == [UNK]
+    assert greedy.score == pytest.approx(math.log(0.15) + math.log(0.6))
+    for beam in (1, 3):
+        (hyps,) = beam_search(model, SRC, beam=beam, lenpen=0.6, max_len_a=1.0, max_len_b=10)
+        assert hyps[0].tokens == [UNK]
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_max_length_is_a_times_source_length_plus_b_and_the_models_positions(beam):
+    never_stop = {A: 0.5, B: 0.3, UNK: 0.2 - 1e-9, EOS: 1e-9}  # EOS never among the K best
+    src = torch.tensor([[7, 7, 7, EOS], [7, EOS, PAD, PAD]])  # source lengths 3 and 1, EOS excluded
+    hyps = beam_search(ScriptedModel({}, never_stop), src, beam, 0.0, max_len_a=2.0, max_len_b=1)
+    assert [len(h[0].tokens) for h in hyps] == [7, 3]
+    assert [len(h.tokens) for h in greedy_search(ScriptedModel({}, never_stop), src, 2.0, 1)] == [7, 3]
+    # the model's positions cap it: BOS + tokens <= max_positions
+    capped = ScriptedModel({}, never_stop, max_positions=5)
+    assert [len(h[0].tokens) for h in beam_search(capped, src, beam, 0.0, 1.0, 50)] == [4, 4]
+    assert capped.steps <= 5
+
+
+def test_a_sentence_stops_once_no_live_hypothesis_can_beat_its_finished_ones():
+    model = ScriptedModel({(): {EOS: 0.9, A: 0.05, B: 0.05}}, {A: 0.99, EOS: 0.01})
+    (hyps,) = beam_search(model, SRC, beam=2, lenpen=0.0, max_len_a=1.0, max_len_b=10)
+    assert hyps[0].tokens == [] and hyps[0].score == pytest.approx(math.log(0.9))
+    assert model.steps == 1  # "a" or "b" start at log 0.05 and can only fall
+
+
+def test_length_penalty_and_bound_formulas():
+    assert length_penalty(1, 0.6) == pytest.approx((6 / 6) ** 0.6)
+    assert length_penalty(10, 0.6) == pytest.approx((15 / 6) ** 0.6)
+    assert length_penalty(10, 0.0) == 1.0
+    max_lens = torch.tensor([9, 0])
+    bound = best_possible(torch.tensor([-2.0, -2.0]), 3, max_lens, 1.0)
+    assert bound.tolist() == pytest.approx([-2.0 / (15 / 6), -2.0 / (10 / 6)])  # lp(10), lp(t + 2 = 5)
+    src = torch.tensor([[5, 6, 7, EOS], [5, EOS, PAD, PAD]])
+    assert max_output_lengths(src, 1.5, 2, 1024).tolist() == [6, 3]
+    assert max_output_lengths(src, 1.0, 50, 8).tolist() == [7, 7]
+
+
+def test_select_live_skips_eos_and_keeps_order():
+    scores = torch.tensor([[-1.0, -2.0, -3.0, -4.0]])
+    beams = torch.tensor([[0, 1, 0, 1]])
+    tokens = torch.tensor([[EOS, 9, EOS, 8]])
+    s, b, t = select_live(scores, beams, tokens, 2)
+    assert s.tolist() == [[-2.0, -4.0]] and b.tolist() == [[1, 1]] and t.tolist() == [[9, 8]]
+
+
+# ---- a real (random) model against a reference that recomputes everything -----------------------------
+
+VOCAB = 24
+
+
+def random_model(seed: int = 0) -> Transformer:
+    torch.manual_seed(seed)
+    cfg = ModelConfig(
+        encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64, heads=4, dropout=0.0, max_positions=40
+    )
+    model = Transformer(cfg, VOCAB).double().eval()
+    with torch.no_grad():  # sharper distributions, and an EOS likely enough to end hypotheses early
+        model.embed.weight.mul_(3.0)
+        model.embed.weight[EOS] *= 1.6
+    return model
+
+
+def random_sources(seed: int, n: int = 6) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 9, (n,), generator=g).tolist()
+    return [torch.randint(4, VOCAB, (m,), generator=g).tolist() + [EOS] for m in lengths]
+
+
+def pad(rows: list[list[int]]) -> torch.Tensor:
+    out = torch.full((len(rows), max(map(len, rows))), PAD)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.tensor(r)
+    return out
+
+
+def reference_beam(model, src: list[int], beam, alpha, a, b, nbest) -> list[tuple[list[int], float]]:
+    """The same rules, one sentence, plain Python lists, `model.decode` over the whole prefix each step."""
+    memory, keep = model.encode(torch.tensor([src]))
+    max_len = min(math.floor(a * (len(src) - 1) + b), model.cfg.max_positions - 1)
+    live, finished = [([], 0.0)], []
+    for t in range(max_len + 1):
+        tgt = torch.tensor([[BOS] + toks for toks, _ in live])
+        n = len(live)
+        logits = model.decode(tgt, memory.expand(n, -1, -1), keep.expand(n, -1, -1, -1))[:, -1]
+        lprobs = torch.log_softmax(logits, -1).tolist()
+        cands = []
+        for i, (_, s) in enumerate(live):
+            for w in range(model.vocab_size):
+                if w not in (PAD, BOS) and (t < max_len or w == EOS):
+                    cands.append((s + lprobs[i][w], i, w))
+        cands = sorted(cands, key=lambda c: -c[0])[: 2 * beam]
+        for s, i, w in cands[:beam]:
+            if w == EOS:
+                finished.append((live[i][0], s / length_penalty(t + 1, alpha)))
+        finished = sorted(finished, key=lambda f: -f[1])[:beam]
+        live = [(live[i][0] + [w], s) for s, i, w in cands if w != EOS][:beam]
+        if t == max_len or len(finished) >= beam:
+            break
+        bound = live[0][1] / max(length_penalty(max_len + 1, alpha), length_penalty(t + 2, alpha))
+        if len(finished) >= nbest and finished[nbest - 1][1] >= bound:
+            break
+    return finished[:nbest]
+
+
+@pytest.mark.parametrize("beam, alpha", [(1, 0.6), (4, 0.6), (4, 0.0), (3, 1.5)])
+def test_cached_beam_search_equals_recomputing_the_prefix(beam, alpha):
+    model, sources = random_model(), random_sources(1)
+    nbest = min(beam, 2)
+    got = beam_search(model, pad(sources), beam, alpha, 1.0, 6, nbest=nbest)
+    lengths = set()
+    for src, hyps in zip(sources, got, strict=True):
+        want = reference_beam(model, src, beam, alpha, 1.0, 6, nbest)
+        assert [h.tokens for h in hyps] == [toks for toks, _ in want]
+        assert [h.score for h in hyps] == pytest.approx([s for _, s in want], rel=1e-9)
+        lengths |= {len(h.tokens) for h in hyps}
+    assert len(lengths) > 1  # hypotheses ended at different steps, so sentences left the batch
+
+
+def test_beam_one_equals_greedy_exactly():
+    model, src = random_model(2), pad(random_sources(2, 8))
+    for alpha in (0.0, 0.6):
+        greedy = greedy_search(model, src, 1.0, 8, lenpen=alpha)
+        beam = [h[0] for h in beam_search(model, src, 1, alpha, 1.0, 8)]
+        assert greedy == beam  # same tokens, bit-identical scores
+    fp32 = random_model(2).float()
+    assert greedy_search(fp32, src, 1.0, 8) == [h[0] for h in beam_search(fp32, src, 1, 0.0, 1.0, 8)]
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_a_batch_translates_like_one_sentence_at_a_time(beam):
+    model, sources = random_model(3), random_sources(3, 7)
+    batched = beam_search(model, pad(sources), beam, 0.6, 1.0, 6, nbest=beam)
+    for src, hyps in zip(sources, batched, strict=True):
+        (alone,) = beam_search(model, pad([src]), beam, 0.6, 1.0, 6, nbest=beam)
+        assert [h.tokens for h in hyps] == [h.tokens for h in alone]
+        assert [h.score for h in hyps] == pytest.approx([h.score for h in alone], rel=1e-9)
+
+
+def test_nbest_are_distinct_and_best_first():
+    model, sources = random_model(4), random_sources(4, 5)
+    for hyps in beam_search(model, pad(sources), 4, 0.6, 1.0, 6, nbest=4):
+        assert len(hyps) == 4
+        scores = [h.score for h in hyps]
+        assert scores == sorted(scores, reverse=True)
+        assert len({tuple(h.tokens) for h in hyps}) == 4
+        assert all(w not in (PAD, BOS, EOS) for h in hyps for w in h.tokens)
+    with pytest.raises(ValueError):
+        beam_search(model, pad(sources), 2, 0.6, 1.0, 6, nbest=3)

@@ -1,0 +1,268 @@
+"""`nmt translate` and the Translator: one output line per input line, in order, whatever the input."""
+
+from __future__ import annotations
+
+import os
+import random
+import select
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sentencepiece as spm
+import torch
+from typer.testing import CliRunner
+
+from nmt.checkpoint import save_checkpoint
+from nmt.cli import app
+from nmt.config import config_from_dict
+from nmt.model import Transformer
+from nmt.subword import BOS, EOS, PAD, UNK, Subword
+from nmt.translate import Translator, token_batches
+
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"  # what str.splitlines() splits on
+
+
+def word(rng: random.Random) -> str:
+    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(1, 7)))
+
+
+def sentences(n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    words = [word(random.Random(i)) for i in range(300)]
+    return [
+        " ".join(rng.choice(words) for _ in range(rng.randint(1, 14))) + rng.choice(".!?,") for _ in range(n)
+    ]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """In-process translation on a shared 2-core machine: one torch thread avoids oversubscription stalls."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    """A tiny random Transformer with a SentencePiece model trained here, saved as `nmt train` would."""
+    d = tmp_path_factory.mktemp("model")
+    (d / "text.txt").write_text("\n".join(sentences(3000, 0)) + "\n")
+    spm.SentencePieceTrainer.train(
+        input=str(d / "text.txt"),
+        model_prefix=str(d / "spm"),
+        vocab_size=120,
+        character_coverage=1.0,
+        pad_id=PAD,
+        unk_id=UNK,
+        bos_id=BOS,
+        eos_id=EOS,
+        minloglevel=2,
+    )
+    sub = Subword.load(d / "spm.model")
+    corpus = {"name": "x", "src": {"url": "http://127.0.0.1/x", "sha256": "0" * 64}}
+    corpus["tgt"] = corpus["src"]
+    cfg = config_from_dict(
+        {
+            "data": {"src_lang": "xx", "tgt_lang": "yy", "train": [corpus], "valid": [corpus]},
+            "model": {
+                "encoder_layers": 1,
+                "decoder_layers": 1,
+                "d_model": 32,
+                "d_ff": 64,
+                "heads": 4,
+                "max_positions": 64,
+            },
+            "decode": {"beam": 3, "lenpen": 0.6, "max_len_a": 1.0, "max_len_b": 5},
+        }
+    )
+    torch.manual_seed(0)
+    model = Transformer(cfg.model, sub.vocab_size)
+    path = d / "model.pt"
+    save_checkpoint(
+        path, model_state=model.state_dict(), config=cfg, subword_proto=sub.proto, vocab_size=sub.vocab_size
+    )
+    return path
+
+
+def nmt_translate(*args: str, stdin: bytes) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "nmt", "translate", *args]
+    return subprocess.run(cmd, input=stdin, capture_output=True, env=ENV, timeout=120)
+
+
+def out_lines(stdout: bytes) -> list[str]:
+    """Exactly the output lines: every line ends in \\n and nothing else may break a line."""
+    text = stdout.decode("utf-8")
+    assert text.endswith("\n") or text == ""
+    lines = text.split("\n")[:-1]
+    assert text.splitlines() == lines, "a line-breaking character inside a translation"
+    return lines
+
+
+HOSTILE = [
+    b"",
+    b"   ",
+    b"\t \t",
+    b"a good plain sentence.",
+    b"invalid \xff\xfe utf-8 \xc3",
+    b"x" * 10_000,
+    " ".join(["abc"] * 3000).encode(),
+    b"control \x00 nul \x1b[31m escape \x07 bell \x0b vt \x0c ff end",
+    "right to left: \u05e9\u05dc\u05d5\u05dd \u0645\u0631\u062d\u0628\u0627 \u202e reversed".encode(),
+    "emoji \U0001f600\U0001f389 and \u200d joiner".encode(),
+    "line\u2028separator and paragraph\u2029separator and nel\x85 too".encode(),
+    b"windows line\r",
+    b"\x1c\x1d\x1e",
+    b"\r",
+    b"last line without a newline",
+]
+
+
+def test_hostile_stdin_gives_one_line_per_input_line(checkpoint):
+    stdin = b"\n".join(HOSTILE)  # no trailing newline after the last line
+    result = nmt_translate("-m", str(checkpoint), "--beam", "2", stdin=stdin)
+    assert result.returncode == 0, result.stderr.decode()
+    lines = out_lines(result.stdout)
+    assert len(lines) == len(HOSTILE)
+    for raw, out in zip(HOSTILE, lines, strict=True):
+        if not raw.decode("utf-8", "replace").strip():
+            assert out == ""
+    assert lines[3] != ""
+    err = result.stderr.decode()
+    assert "invalid UTF-8" in err and "line 5" in err
+    assert "line 6:" in err and "line 7:" in err and "truncated" in err
+
+
+def test_trailing_newline_and_crlf_files(checkpoint):
+    for stdin, n in ((b"", 0), (b"\n", 1), (b"a b\n", 1), (b"a b\r\n\r\nc d\r\n", 3)):
+        result = CliRunner().invoke(app, ["translate", "-m", str(checkpoint), "--beam", "1"], input=stdin)
+        assert result.exit_code == 0, result.output
+        assert len(out_lines(result.stdout_bytes)) == n
+    assert out_lines(result.stdout_bytes)[1] == ""
+
+
+def test_order_is_restored_and_batching_changes_nothing(checkpoint, tmp_path):
+    lines = sentences(24, 7)
+    lines[5] = ""
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(lines) + "\n")
+    runner = CliRunner()
+    outputs = []
+    for budget in ("8192", "1"):  # one big sorted batch, then every sentence alone
+        out = tmp_path / f"out-{budget}.txt"
+        result = runner.invoke(
+            app, ["translate", "-m", str(checkpoint), "-i", str(src), "-o", str(out), "--max-tokens", budget]
+        )
+        assert result.exit_code == 0, result.output
+        outputs.append(out_lines(out.read_bytes()))
+    assert outputs[0] == outputs[1]
+    assert len(outputs[0]) == len(lines) and outputs[0][5] == ""
+    assert len(set(outputs[0])) > 12  # the random model's outputs differ, so order is really checked
+
+    from nmt.checkpoint import load_model
+
+    model, sub, cfg = load_model(checkpoint)
+    translator = Translator(model, sub, cfg.decode, torch.device("cpu"))
+    for i in (0, 13, 23):
+        assert translator.translate([lines[i]]) == [outputs[0][i]]
+
+
+def test_nbest_prints_index_score_text(checkpoint):
+    stdin = b"one two three.\n\nfour five!\n"
+    result = CliRunner().invoke(
+        app, ["translate", "-m", str(checkpoint), "--nbest", "3", "--beam", "3"], input=stdin
+    )
+    assert result.exit_code == 0, result.output
+    rows = [line.split("\t") for line in result.stdout.split("\n")[:-1]]
+    assert all(len(r) == 3 for r in rows)
+    assert [int(r[0]) for r in rows] == [0, 0, 0, 1, 2, 2, 2]
+    assert rows[3] == ["1", "0.0000", ""]
+    for i in (0, 2):
+        scores = [float(r[1]) for r in rows if r[0] == str(i)]
+        assert scores == sorted(scores, reverse=True) and all(s < 0 for s in scores)
+    bad = CliRunner().invoke(
+        app, ["translate", "-m", str(checkpoint), "--nbest", "5", "--beam", "3"], input=b"a\n"
+    )
+    assert bad.exit_code == 2 and "--nbest" in bad.output
+
+
+def test_interactive_answers_each_line_at_once(checkpoint):
+    cmd = [sys.executable, "-m", "nmt", "translate", "-m", str(checkpoint), "--interactive"]
+    proc = subprocess.Popen(
+        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV
+    )
+    try:
+        for line in (b"hello there.\n", b"\n", b"again!\n"):
+            proc.stdin.write(line)
+            proc.stdin.flush()  # stdin stays open: the answer must come before EOF
+            ready, _, _ = select.select([proc.stdout], [], [], 60)
+            assert ready, "no answer within 60 s"
+            answer = proc.stdout.readline()
+            assert answer.endswith(b"\n") and (answer == b"\n") == (line == b"\n")
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=60)
+    assert proc.returncode == 0
+
+
+def test_missing_truncated_or_foreign_model_exits_2(checkpoint, tmp_path):
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes(checkpoint.read_bytes()[:2000])
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"weights": torch.zeros(3)}, foreign)
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(os.urandom(500))
+    result = nmt_translate("-m", str(tmp_path / "missing.pt"), stdin=b"a b\n")  # the real entry point
+    assert result.returncode == 2 and result.stdout == b""
+    assert "missing.pt" in result.stderr.decode() and "Traceback" not in result.stderr.decode()
+    for path in (truncated, foreign, garbage):
+        result = CliRunner().invoke(app, ["translate", "-m", str(path)], input=b"a b\n")
+        assert result.exit_code == 2, result.output
+        assert "error" in result.stderr and path.name in result.stderr and "Traceback" not in result.output
+        assert len(result.stderr.strip().splitlines()) <= 2 and result.stdout == ""
+
+
+@pytest.mark.parametrize(
+    "option, value", [("--device", "tpu"), ("--device", "cuda:7"), ("--dtype", "fp8"), ("--engine", "onnx")]
+)
+def test_bad_device_dtype_or_engine_exits_2(checkpoint, option, value):
+    if value == "cuda:7" and torch.cuda.device_count() > 7:
+        pytest.skip("this machine has a cuda:7")
+    result = CliRunner().invoke(app, ["translate", "-m", str(checkpoint), option, value], input=b"a\n")
+    assert result.exit_code == 2
+    assert value in result.output and "Traceback" not in result.output
+
+
+def test_ctranslate2_engine_wants_an_exported_folder(checkpoint):
+    result = CliRunner().invoke(
+        app, ["translate", "-m", str(checkpoint), "--engine", "ctranslate2"], input=b"a\n"
+    )
+    assert result.exit_code == 2 and "Traceback" not in result.output and result.stdout == ""
+
+
+def test_translator_library_api(checkpoint):
+    from nmt.checkpoint import load_model
+
+    model, sub, cfg = load_model(checkpoint)
+    model.train()  # as the trainer would hand it over for validation BLEU
+    translator = Translator(model, sub, cfg.decode, torch.device("cpu"))
+    out = translator.translate(["", "  ", "some words here.", "\u2028"])
+    assert out[0] == out[1] == out[3] == "" and out[2] != ""
+    assert model.training, "the model's training mode must be restored"
+    nbest = Translator(
+        model, sub, cfg.decode.__class__(beam=3, nbest=2), torch.device("cpu")
+    ).translate_nbest(["some words here."])
+    assert len(nbest[0]) == 2 and nbest[0][0][1] >= nbest[0][1][1]
+
+
+def test_token_batches_respect_the_budget_and_cover_every_sentence():
+    rng = random.Random(0)
+    lengths = [rng.randint(1, 60) for _ in range(500)]
+    batches = token_batches(lengths, max_tokens=1000, rows_per_sentence=4)
+    assert sorted(i for b in batches for i in b) == list(range(500))
+    for b in batches:
+        assert len(b) == 1 or len(b) * 4 * max(lengths[i] for i in b) <= 1000
+    assert token_batches([300], max_tokens=10, rows_per_sentence=4) == [[0]]
