@@ -436,8 +436,10 @@ def train(cfg: Config, workdir: Path, console: Console | None = None) -> Path:
     started = time.monotonic() - prog.elapsed
     stats = torch.zeros(3, device=rt.device)  # running sums since the last log line: loss, nll, tokens
     ntokens_since_log, log_start = 0, time.monotonic()
-    budget = cfg.train.max_minutes * 60 if cfg.train.max_minutes else math.inf
-    stop_reason = None
+    stop_reason = finished(prog, cfg)
+    if stop_reason:
+        log.print(f"training already finished at step {prog.step}: {stop_reason}", highlight=False)
+        return best_or_last(ckpt_dir)
     model.train()
 
     with StopRequest() as stop, ProgressDisplay(log, cfg, prog) as display:
@@ -473,8 +475,12 @@ def train(cfg: Config, workdir: Path, console: Console | None = None) -> Path:
             prog.nonfinite_in_row = 0
             prog.step += 1
             prog.elapsed = time.monotonic() - started
-            # 4. log
-            if prog.step % cfg.train.log_every == 0:
+            # 4. stop?
+            stop_reason = finished(prog, cfg) or (
+                stop.signal and f"stopped by {signal.Signals(stop.signal).name}"
+            )
+            # 5. log
+            if prog.step % cfg.train.log_every == 0 or stop_reason:
                 if rt.world_size > 1:
                     dist.all_reduce(stats)
                 loss_sum, nll_sum, tok = stats.tolist()
@@ -494,13 +500,6 @@ def train(cfg: Config, workdir: Path, console: Console | None = None) -> Path:
                 display.update(record)
                 stats.zero_()
                 ntokens_since_log, log_start = 0, now
-            # 5. stop?
-            if prog.step >= cfg.train.max_steps:
-                stop_reason = f"reached train.max_steps={cfg.train.max_steps}"
-            elif prog.elapsed >= budget:
-                stop_reason = f"reached train.max_minutes={cfg.train.max_minutes:g}"
-            elif stop.signal is not None:
-                stop_reason = f"stopped by {signal.Signals(stop.signal).name}"
             # 6. validate and save
             validating = prog.step % cfg.train.validate_every == 0 or (stop_reason and prog.step > last_saved)
             saving = prog.step % cfg.train.save_every == 0 or (stop_reason and prog.step > last_saved)
@@ -517,10 +516,7 @@ def train(cfg: Config, workdir: Path, console: Console | None = None) -> Path:
                 record = {"kind": "valid", "step": prog.step, "elapsed": round(prog.elapsed, 2), **v}
                 metrics.write(record)
                 display.validation(record)
-                if cfg.train.patience and prog.bad_validations >= cfg.train.patience and not stop_reason:
-                    stop_reason = (
-                        f"no better validation for {cfg.train.patience} validations (early stopping)"
-                    )
+                stop_reason = stop_reason or finished(prog, cfg)
             if saving or better:
                 prog.elapsed = time.monotonic() - started
                 if rt.is_main:
@@ -534,8 +530,24 @@ def train(cfg: Config, workdir: Path, console: Console | None = None) -> Path:
     log.print(f"training stopped at step {prog.step}: {stop_reason}", highlight=False)
     if rt.world_size > 1:
         dist.barrier()
+    return best_or_last(ckpt_dir)
+
+
+def best_or_last(ckpt_dir: Path) -> Path:
     best = ckpt_dir / "best.pt"
     return best if best.exists() else ckpt_dir / "last.pt"
+
+
+def finished(prog: TrainProgress, cfg: Config) -> str | None:
+    """Why training is over at this point (budget spent, patience lost), or None to go on."""
+    t = cfg.train
+    if prog.step >= t.max_steps:
+        return f"reached train.max_steps={t.max_steps}"
+    if t.max_minutes and prog.elapsed >= t.max_minutes * 60:
+        return f"reached train.max_minutes={t.max_minutes:g}"
+    if t.patience and prog.bad_validations >= t.patience:
+        return f"no better validation for {t.patience} validations (early stopping)"
+    return None
 
 
 def broadcast_stop(reason: str | None, rt: Runtime) -> str | None:
@@ -611,6 +623,8 @@ class ProgressDisplay:
             f"loss {record['loss']:.3f} ppl {record['ppl']:.2f} lr {record['lr']:.2e} "
             f"{record['tokens_per_s']:,.0f} tok/s"
         )
+        if not self.progress.console.is_terminal:  # a log file or pipe gets plain lines instead of a bar
+            self.progress.console.print(f"step {record['step']}: {self.train_info}", highlight=False)
         self.refresh(record["step"], record["elapsed"])
 
     def validation(self, record: dict) -> None:

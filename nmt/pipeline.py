@@ -1,0 +1,215 @@
+"""`nmt run`: preprocess, train, average, translate each test set, score, and write results.md/json.
+
+Every step leaves an output that proves it finished (written atomically), and is skipped when that output
+is already there, so running the same command after a crash continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from nmt.checkpoint import average_checkpoints, last_checkpoints, load_model
+from nmt.config import Config
+from nmt.preprocess import preprocess
+from nmt.score import corpus_scores, read_lines
+from nmt.train import resolve_device, train
+from nmt.translate import Translator
+
+
+def run_pipeline(
+    cfg: Config, workdir: Path, mirror: str | None = None, console: Console | None = None
+) -> dict:
+    console = console or Console(stderr=True)
+    workdir = Path(workdir)
+    ckpt_dir = workdir / "checkpoints"
+
+    console.rule("[bold]1. preprocess")
+    preprocess(cfg, workdir, mirror=mirror, console=console)
+
+    console.rule("[bold]2. train")
+    train(cfg, workdir, console=console)
+
+    console.rule("[bold]3. average")
+    model_path = average_last(cfg, ckpt_dir, console)
+
+    console.rule("[bold]4. translate")
+    device = resolve_device(cfg.train.device)
+    model, subword, _ = load_model(model_path, device)
+    translator = Translator(model, subword, cfg.decode, device, console=console)
+    speeds = {}
+    for corpus in cfg.data.test:
+        speeds[corpus.name] = translate_test_set(cfg, workdir, corpus.name, translator, model_path, console)
+
+    console.rule("[bold]5. score")
+    results = {
+        "recipe": cfg.data.src_lang + "-" + cfg.data.tgt_lang,
+        "model": str(model_path),
+        "training": training_summary(workdir),
+        "device": device_summary(device),
+        "decode": {
+            "beam": cfg.decode.beam,
+            "lenpen": cfg.decode.lenpen,
+            "max_len": f"{cfg.decode.max_len_a:g} * source + {cfg.decode.max_len_b}",
+        },
+        "tests": {},
+    }
+    for corpus in cfg.data.test:
+        hyp = read_lines(workdir / "translations" / f"{corpus.name}.{cfg.data.tgt_lang}")
+        ref = read_lines(workdir / "data" / "test" / f"{corpus.name}.{cfg.data.tgt_lang}")
+        scores = corpus_scores(hyp, [ref], ("bleu", "chrf"))
+        entry = {name: {"score": round(s.score, 2), "signature": s.signature} for name, s in scores.items()}
+        if cfg.data.tgt_lang == "de":
+            entry["tok_bleu_compound_split"] = round(compound_split_bleu(hyp, ref), 2)
+        entry["speed"] = speeds[corpus.name]
+        results["tests"][corpus.name] = entry
+    write_results(workdir, results)
+    show_results(results, console)
+    return results
+
+
+def average_last(cfg: Config, ckpt_dir: Path, console: Console) -> Path:
+    """Average the last `train.average_last` step checkpoints into average.pt (paper, section 6.1)."""
+    out = ckpt_dir / "average.pt"
+    sources = last_checkpoints(ckpt_dir, cfg.train.average_last)
+    if out.exists() and out.stat().st_mtime >= max(p.stat().st_mtime for p in sources):
+        console.print(f"average: already done ({out})")
+        return out
+    average_checkpoints(sources, out)
+    console.print(f"average: {len(sources)} checkpoints ({sources[0].name} .. {sources[-1].name}) -> {out}")
+    return out
+
+
+def translate_test_set(
+    cfg: Config, workdir: Path, name: str, translator: Translator, model_path: Path, console: Console
+) -> dict:
+    src_path = workdir / "data" / "test" / f"{name}.{cfg.data.src_lang}"
+    out = workdir / "translations" / f"{name}.{cfg.data.tgt_lang}"
+    meta = out.with_name(out.name + ".json")
+    if (
+        out.exists()
+        and meta.exists()
+        and json.loads(meta.read_text()).get("model_mtime") == model_path.stat().st_mtime
+    ):
+        console.print(f"translate {name}: already done ({out})")
+        return json.loads(meta.read_text())["speed"]
+    lines = read_lines(src_path)
+    start = time.perf_counter()
+    hyps = translator.translate(lines)
+    seconds = time.perf_counter() - start
+    tokens = sum(len(ids) + 1 for ids in translator.subword.encode(hyps))  # + EOS, as the decoder emitted
+    speed = {
+        "sentences": len(lines),
+        "seconds": round(seconds, 2),
+        "sentences_per_s": round(len(lines) / seconds, 1),
+        "target_tokens_per_s": round(tokens / seconds, 1),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    os.replace(tmp, out)
+    meta.write_text(json.dumps({"model_mtime": model_path.stat().st_mtime, "speed": speed}))
+    console.print(f"translate {name}: {len(lines)} lines in {seconds:.1f} s -> {out}")
+    return speed
+
+
+def compound_split_bleu(hyps: list[str], refs: list[str]) -> float:
+    """BLEU on tokenized text with German compounds split at hyphens, as the paper's EN-DE scores were
+    computed (tensor2tensor's get_ende_bleu.sh: tokenizer, then `-` -> ` ##AT##-##AT## `). For comparison
+    with published figures only; the sacreBLEU score is the one to report.
+
+    Tokenization here is sacrebleu's 13a (mteval's), not the Moses tokenizer, so figures can differ
+    slightly from the paper's pipeline.
+    """
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
+
+    tokenize = Tokenizer13a()
+
+    def split(line: str) -> str:
+        return re.sub(r"(\S)-(\S)", r"\1 ##AT##-##AT## \2", tokenize(line))
+
+    return BLEU(tokenize="none").corpus_score([split(h) for h in hyps], [[split(r) for r in refs]]).score
+
+
+def training_summary(workdir: Path) -> dict:
+    """Updates, time and speed of training from metrics.jsonl."""
+    path = workdir / "metrics.jsonl"
+    train_records, valid_records = [], []
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            (train_records if record.get("kind") == "train" else valid_records).append(record)
+    if not train_records:
+        return {}
+    speeds = [r["tokens_per_s"] for r in train_records]
+    return {
+        "updates": train_records[-1]["step"],
+        "minutes": round(train_records[-1]["elapsed"] / 60, 1),
+        "target_tokens_per_s": round(sorted(speeds)[len(speeds) // 2]),
+        "best_valid_bleu": max((r["bleu"] for r in valid_records if r.get("bleu") is not None), default=None),
+    }
+
+
+def device_summary(device: torch.device) -> dict:
+    if device.type == "cuda":
+        return {"type": torch.cuda.get_device_name(device), "count": int(os.environ.get("WORLD_SIZE", "1"))}
+    return {
+        "type": platform.processor() or platform.machine(),
+        "count": 1,
+        "threads": torch.get_num_threads(),
+    }
+
+
+def write_results(workdir: Path, results: dict) -> None:
+    (workdir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    t = results["training"]
+    lines = [
+        f"# Results: {results['recipe']}",
+        "",
+        f"Model: `{results['model']}`; decoding: beam {results['decode']['beam']}, length penalty "
+        f"{results['decode']['lenpen']}, max length {results['decode']['max_len']}.",
+        f"Training: {t.get('updates')} updates in {t.get('minutes')} min, median "
+        f"{t.get('target_tokens_per_s')} target tokens/s on {results['device']['type']} "
+        f"x {results['device']['count']}.",
+        "",
+        "| test set | sacreBLEU | chrF | tok. BLEU (compound split) | sentences/s | target tokens/s |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, e in results["tests"].items():
+        tok = e.get("tok_bleu_compound_split", "n/a")
+        lines.append(
+            f"| {name} | {e['bleu']['score']} | {e['chrf']['score']} | {tok} | "
+            f"{e['speed']['sentences_per_s']} | {e['speed']['target_tokens_per_s']} |"
+        )
+    lines += ["", "Signatures:", ""]
+    for name, e in results["tests"].items():
+        lines += [f"- {name} BLEU: `{e['bleu']['signature']}`", f"- {name} chrF: `{e['chrf']['signature']}`"]
+    (workdir / "results.md").write_text("\n".join(lines) + "\n")
+
+
+def show_results(results: dict, console: Console) -> None:
+    t = results["training"]
+    table = Table(title=f"nmt {results['recipe']}")
+    for column in ("test set", "BLEU", "chrF", "training", "translation"):
+        table.add_column(column)
+    for name, e in results["tests"].items():
+        table.add_row(
+            name,
+            f"{e['bleu']['score']:.2f}",
+            f"{e['chrf']['score']:.2f}",
+            f"{t.get('updates')} updates, {t.get('minutes')} min",
+            f"{e['speed']['sentences_per_s']} sent/s, {e['speed']['target_tokens_per_s']} tok/s",
+        )
+    console.print(table)

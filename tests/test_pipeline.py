@@ -1,0 +1,55 @@
+"""`nmt run` end to end on Multi30k, shrunk to seconds: every step runs, results.md appears, re-runs skip."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from nmt.cli import app
+
+TINY = [
+    "data.vocab_size=1000",
+    "model.encoder_layers=1",
+    "model.decoder_layers=1",
+    "model.d_model=32",
+    "model.d_ff=64",
+    "model.heads=2",
+    "train.max_steps=6",
+    "train.save_every=2",
+    "train.validate_every=6",
+    "train.valid_bleu=false",
+    "train.average_last=2",
+    "train.threads=1",
+    "decode.beam=2",
+    "decode.max_len_b=3",
+]
+
+
+def run(workdir, mirror):
+    args = ["run", "multi30k-en-de", "--workdir", str(workdir), "--mirror", str(mirror)]
+    for item in TINY:
+        args += ["--set", item]
+    return CliRunner().invoke(app, args)
+
+
+def test_nmt_run_writes_results_and_resumes(tmp_path, multi30k_mirror, monkeypatch):
+    monkeypatch.setenv("NMT_CACHE", str(tmp_path / "cache"))
+    workdir = tmp_path / "run"
+    result = run(workdir, multi30k_mirror)
+    assert result.exit_code == 0, result.output
+    results = json.loads((workdir / "results.json").read_text())
+    test = results["tests"]["test_2016_flickr"]
+    assert 0.0 <= test["bleu"]["score"] <= 100.0 and test["bleu"]["signature"].startswith("nrefs:1")
+    assert "tok_bleu_compound_split" in test and test["speed"]["sentences"] == 1000
+    assert results["training"]["updates"] == 6
+    hyps = (workdir / "translations" / "test_2016_flickr.de").read_text().split("\n")
+    assert len(hyps) == 1001 and hyps[-1] == ""
+    md = (workdir / "results.md").read_text()
+    assert "test_2016_flickr" in md and "sacreBLEU" in md
+    assert (workdir / "checkpoints" / "average.pt").exists()
+
+    again = run(workdir, multi30k_mirror)
+    assert again.exit_code == 0, again.output
+    assert "already finished" in again.output and "average: already done" in again.output
+    assert "translate test_2016_flickr: already done" in again.output
