@@ -19,9 +19,10 @@ from rich.table import Table
 
 from nmt.checkpoint import average_checkpoints, last_checkpoints, load_model
 from nmt.config import Config
+from nmt.device import resolve_device
 from nmt.preprocess import preprocess
 from nmt.score import corpus_scores, read_lines
-from nmt.train import resolve_device, train
+from nmt.train import train
 from nmt.translate import Translator
 
 

@@ -27,6 +27,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from nmt.checkpoint import load_checkpoint, save_checkpoint, step_checkpoints
 from nmt.config import Config
 from nmt.data.batching import collate, epoch_batches
+from nmt.device import resolve_device, resolve_dtype
 from nmt.errors import CheckpointError, DataError, NmtError
 from nmt.loss import label_smoothed_nll, perplexity
 from nmt.model import PAD_ID, Transformer, count_parameters
@@ -54,30 +55,6 @@ class Runtime:
         if self.dtype == torch.float32:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.dtype)
-
-
-def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    if name == "auto":
-        return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise NmtError(f"unknown device {name!r}: use auto, cpu, cuda or cuda:N") from None
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise NmtError(f"device {name!r} asked for, but no CUDA GPU is available")
-        if device.index is None:
-            device = torch.device(f"cuda:{local_rank}")
-        if device.index >= torch.cuda.device_count():
-            raise NmtError(f"device {name!r} asked for, but only {torch.cuda.device_count()} GPU(s) exist")
-    return device
-
-
-def resolve_dtype(precision: str, device: torch.device) -> torch.dtype:
-    if precision == "auto":
-        bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
-        return torch.bfloat16 if bf16 else torch.float32
-    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
 
 
 def setup_runtime(cfg: Config) -> Runtime:

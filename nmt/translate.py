@@ -22,13 +22,13 @@ import torch
 from rich.console import Console
 
 from nmt.config import DecodeConfig
+from nmt.device import resolve_device, resolve_dtype
 from nmt.errors import NmtError
 from nmt.search import EOS, PAD, beam_search, greedy_search
 
 CHUNK_LINES = 2000  # lines read, sorted and batched together; their translations are flushed together
 # Every character str.splitlines() breaks on: none may survive inside one output line.
 LINE_BREAKS = str.maketrans(dict.fromkeys("\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029", " "))
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def one_line(text: str) -> str:
@@ -119,33 +119,6 @@ class Translator:
 
 
 # ---- the command line's stream ---------------------------------------------------------------------
-
-
-def resolve_device(device: str) -> torch.device:
-    """auto (CUDA when there is one, else CPU), cpu, cuda or cuda:N; NmtError for anything else."""
-    name = device.strip().lower()
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cpu":
-        return torch.device("cpu")
-    kind, _, index = name.partition(":")
-    if kind != "cuda" or (index and not index.isdigit()):
-        raise NmtError(f"--device {device}: expected auto, cpu, cuda or cuda:N")
-    found = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if int(index or 0) >= found:
-        raise NmtError(f"--device {device}: no such CUDA device ({found} found)")
-    return torch.device(name)
-
-
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """auto is bf16 on a CUDA device that has it, else fp32."""
-    name = dtype.strip().lower()
-    if name == "auto":
-        bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
-        return torch.bfloat16 if bf16 else torch.float32
-    if name not in DTYPES:
-        raise NmtError(f"--dtype {dtype}: expected auto, fp32, bf16 or fp16")
-    return DTYPES[name]
 
 
 def decode_bytes(raw: bytes) -> tuple[str, bool]:

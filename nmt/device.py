@@ -1,0 +1,37 @@
+"""Which device and precision to run on, from the names users write (`auto`, `cuda:1`, `bf16`)."""
+
+from __future__ import annotations
+
+import torch
+
+from nmt.errors import NmtError
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    """auto (this rank's GPU when there is one, else the CPU), cpu, cuda or cuda:N; NmtError otherwise."""
+    name = name.strip().lower()
+    if name == "auto":
+        return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+    if name == "cpu":
+        return torch.device("cpu")
+    kind, _, index = name.partition(":")
+    if kind != "cuda" or (index and not index.isdigit()):
+        raise NmtError(f"device {name!r}: expected auto, cpu, cuda or cuda:N")
+    found = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    number = int(index) if index else local_rank
+    if number >= found:
+        raise NmtError(f"device {name!r}: no such CUDA device ({found} found)")
+    return torch.device(f"cuda:{number}")
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """auto is bf16 on a CUDA device that has it, else fp32 (bf16 matmuls are slow on most CPUs)."""
+    name = name.strip().lower()
+    if name == "auto":
+        bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        return torch.bfloat16 if bf16 else torch.float32
+    if name not in DTYPES:
+        raise NmtError(f"precision {name!r}: expected auto, fp32, bf16 or fp16")
+    return DTYPES[name]
