@@ -77,8 +77,16 @@ def setup_runtime(cfg: Config) -> Runtime:
 
 
 def accumulation(cfg: Config, world_size: int) -> int:
-    """Micro-batches per update so that every update holds about train.update_tokens, whatever the GPUs."""
-    return max(1, round(cfg.train.update_tokens / (cfg.train.batch_tokens * world_size)))
+    """Micro-batches per update: the fewest that bring train.update_tokens within the device budgets."""
+    return max(1, math.ceil(cfg.train.update_tokens / (cfg.train.batch_tokens * world_size)))
+
+
+def device_batch_tokens(cfg: Config, world_size: int) -> int:
+    """Token budget of one micro-batch on one device: train.batch_tokens at most, less when there are so
+    many devices that full budgets would overshoot train.update_tokens. So an update holds about
+    update_tokens whatever the GPU count (the paper's batch is a property of the recipe, not the machine)."""
+    per_device = math.ceil(cfg.train.update_tokens / (world_size * accumulation(cfg, world_size)))
+    return min(cfg.train.batch_tokens, per_device)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -159,6 +167,17 @@ def micro_batches(data, batches, rt: Runtime):
         yield src, tgt_in, tgt_out
 
 
+def token_counts(data, chunk: list[torch.Tensor]) -> tuple[int, int, int]:
+    """An update's target tokens (with EOS), and its real and padded tokens over both sides."""
+    target = real = padded = 0
+    for idx in chunk:
+        src, tgt = data.src_lens[idx] + 1, data.tgt_lens[idx] + 1  # + EOS / BOS
+        target += int(tgt.sum())
+        real += int(src.sum()) + int(tgt.sum())
+        padded += len(idx) * (int(src.max()) + int(tgt.max()))
+    return target, real, padded
+
+
 def update_plan(data, cfg: Config, rt: Runtime, prog: TrainProgress, accum: int):
     """Endless stream of updates, each a list of this rank's batch indices; advances prog.epoch/cursor."""
     cache: dict[int, list] = {}
@@ -168,7 +187,7 @@ def update_plan(data, cfg: Config, rt: Runtime, prog: TrainProgress, accum: int)
             batches = epoch_batches(
                 data.src_lens,
                 data.tgt_lens,
-                cfg.train.batch_tokens,
+                device_batch_tokens(cfg, rt.world_size),
                 cfg.train.seed,
                 prog.epoch,
                 rt.world_size,
@@ -197,8 +216,9 @@ def summary_lines(cfg: Config, model: Transformer, world_size: int) -> list[str]
         f"parameters: {count_parameters(model):,}",
         f"model: {m.encoder_layers}+{m.decoder_layers} layers, d_model {m.d_model}, d_ff {m.d_ff}, "
         f"{m.heads} heads, dropout {m.dropout}, {m.norm}-norm, vocabulary {model.vocab_size}",
-        f"batch: {t.batch_tokens} tokens per device x {world_size} device(s) x {accum} accumulation = "
-        f"{t.batch_tokens * world_size * accum} tokens per update (recipe: {t.update_tokens})",
+        f"batch: {device_batch_tokens(cfg, world_size)} tokens per device x {world_size} device(s) x {accum} "
+        f"accumulation = {device_batch_tokens(cfg, world_size) * world_size * accum} tokens per update "
+        f"(recipe: {t.update_tokens}; padding included)",
         f"steps: {t.max_steps}" + (f", at most {t.max_minutes:g} minutes" if t.max_minutes else ""),
         f"schedule: inverse square root, warmup {t.warmup}, peak lr {peak:.3g} at step {t.warmup}, "
         f"Adam({t.adam_beta1}, {t.adam_beta2}, eps {t.adam_eps:g}), label smoothing {t.label_smoothing}",
@@ -412,7 +432,7 @@ def train(cfg: Config, workdir: Path, console: Console | None = None) -> Path:
     last_saved = prog.step
     started = time.monotonic() - prog.elapsed
     stats = torch.zeros(3, device=rt.device)  # running sums since the last log line: loss, nll, tokens
-    ntokens_since_log, log_start = 0, time.monotonic()
+    ntokens_since_log, real_since_log, padded_since_log, log_start = 0, 0, 0, time.monotonic()
     stop_reason = finished(prog, cfg)
     if stop_reason:
         log.print(f"training already finished at step {prog.step}: {stop_reason}", highlight=False)
@@ -428,13 +448,14 @@ def train(cfg: Config, workdir: Path, console: Console | None = None) -> Path:
             # 2. forward/backward over this update's micro-batches; the loss is normalised by the target
             #    tokens of the whole update on all ranks, so gradients equal a single big batch's.
             chunk = next(plan)
-            local_tokens = sum(int((data.train.tgt_lens[idx] + 1).sum()) for idx in chunk)
+            local_tokens, real, padded = token_counts(data.train, chunk)
             total = torch.tensor(float(local_tokens), device=rt.device)
             if rt.world_size > 1:
                 dist.all_reduce(total)
             norm = rt.world_size / total  # DDP averages over ranks; undo that and divide by all tokens
             stats += forward_backward(net, micro_batches(data.train, chunk, rt), norm, cfg, rt, scaler)
             ntokens_since_log += local_tokens
+            real_since_log, padded_since_log = real_since_log + real, padded_since_log + padded
             # 3. clip and step, or skip a non-finite update
             grad_norm = optimizer_step(model, optimizer, scaler, cfg.train.clip_norm)
             if grad_norm is None:
@@ -472,11 +493,12 @@ def train(cfg: Config, workdir: Path, console: Console | None = None) -> Path:
                     "lr": lr,
                     "tokens_per_s": ntokens_since_log * rt.world_size / max(now - log_start, 1e-9),
                     "grad_norm": float(grad_norm),
+                    "padding": round(1 - real_since_log / padded_since_log, 4),
                 }
                 metrics.write(record)
                 display.update(record)
                 stats.zero_()
-                ntokens_since_log, log_start = 0, now
+                ntokens_since_log, real_since_log, padded_since_log, log_start = 0, 0, 0, now
             # 6. validate and save
             validating = prog.step % cfg.train.validate_every == 0 or (stop_reason and prog.step > last_saved)
             saving = prog.step % cfg.train.save_every == 0 or (stop_reason and prog.step > last_saved)
