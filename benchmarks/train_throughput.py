@@ -1,0 +1,610 @@
+"""Training throughput of a recipe, measured against the device's own matrix-multiply rate.
+
+    python benchmarks/train_throughput.py wmt14-en-de-base                    # synthetic WMT-like batches
+    python benchmarks/train_throughput.py multi30k-en-de --data runs/multi30k-en-de --device cpu
+    python benchmarks/train_throughput.py wmt14-en-de-big --updates 60 --json --record
+
+What runs is the trainer's own update, not a copy of it: the model, optimizer (fused Adam on CUDA),
+precision (bf16 autocast where the recipe's `train.precision` resolves to it) and gradient accumulation
+come from nmt.train (`setup_runtime`, `accumulation`, `update_plan`, `micro_batches`, `forward_backward`,
+`optimizer_step`), with the vocabulary set to data.vocab_size. Batches are cut by the real token-budget
+batcher (nmt.data.batching.epoch_batches) at train.batch_tokens, from the preprocessed training split
+(--data WORKDIR) or from synthetic lengths (`LengthModel`; token ids are random, which costs the same).
+
+Timing: K untimed warm-up updates, then N timed updates in W consecutive windows, each bracketed by a
+device synchronisation; figures are those of the median window by target tokens/s, so that a neighbour
+stealing the CPU for a moment moves the result less. The timed updates use batches collated and moved to
+the device beforehand; one extra window with the trainer's per-update collation (`end_to_end`) shows what
+the data path adds. Peak memory is torch.cuda.max_memory_allocated on a GPU and the process's RSS
+high-water mark (getrusage) on the CPU.
+
+MFU (model-FLOPs utilisation) = model FLOP/s achieved / the matrix-multiply rate measured in the same run
+(square matmuls in the run's precision: 8192^3 on a GPU, 2048^3 on the CPU; median of trials before and
+after the timed windows). Model FLOPs are counted by `model_flops` from the real lengths of every pair.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import platform
+import resource
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from nmt.config import Config, ModelConfig, load_config
+from nmt.errors import NmtError
+from nmt.model import PAD_ID, Transformer, count_parameters
+from nmt.optim import build_optimizer, inverse_sqrt_lr, lr_scale
+from nmt.train import (
+    Runtime,
+    TrainProgress,
+    accumulation,
+    forward_backward,
+    micro_batches,
+    optimizer_step,
+    setup_runtime,
+    update_plan,
+)
+
+RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+SECTION = "## Training throughput"
+GIB = 1024**3
+
+# ---------------------------------------------------------------------------------------------------------
+# Model FLOPs
+
+
+def model_flops(cfg: ModelConfig, src_lens: Iterable[int], tgt_lens: Iterable[int], vocab: int) -> int:
+    """Matrix-multiply FLOPs of one training pass (forward + backward) over the given pairs.
+
+    Lengths are what the model sees: source tokens including EOS, target positions including BOS (a stored
+    pair of n and m subwords is n + 1 and m + 1); padding is not counted, so the figure is useful work.
+    With D = d_model, F = d_ff, V = vocab and, per pair, S source and T target tokens:
+
+      forward, weights   2 x (matmul weights) x (tokens they are applied to):
+        encoder layer      (4 D^2 + 2 D F) x S          self-attention Q,K,V,O and the FFN
+        decoder layer      (4 D^2 + 2 D F + 2 D^2) x T  self-attention Q,K,V,O, cross-attention Q,O, FFN
+                           + 2 D^2 x S                  cross-attention K,V are projected from the memory
+        output projection  D V x T                      the (tied) embedding matrix
+      forward, attention 2 x 2 x (queries x keys) x D per layer (Q K^T and the weighted sum of V):
+        encoder self S^2, decoder self T^2 (counted in full although causal masking leaves half of it
+        unused: the kernels compute it), cross T x S
+      backward           2 x forward (gradients for the inputs and for the weights), so total = 3 x forward
+
+    Biases, LayerNorm, softmax, dropout, the loss and the embedding lookup are elementwise or gathers and
+    are left out, as in the usual 6 N tokens rule (Kaplan et al., 2020), which this refines with the
+    attention terms and with each stack's own token count.
+    """
+    d, f, le, ld = cfg.d_model, cfg.d_ff, cfg.encoder_layers, cfg.decoder_layers
+    s = torch.as_tensor(list(src_lens), dtype=torch.int64)
+    t = torch.as_tensor(list(tgt_lens), dtype=torch.int64)
+    if s.shape != t.shape:
+        raise ValueError(f"{len(s)} source lengths but {len(t)} target lengths")
+    src_tok, tgt_tok = int(s.sum()), int(t.sum())
+    weights = (
+        le * (4 * d * d + 2 * d * f) * src_tok
+        + ld * (6 * d * d + 2 * d * f) * tgt_tok
+        + ld * 2 * d * d * src_tok
+        + d * vocab * tgt_tok
+    )
+    attention = 2 * 2 * d * (le * int((s * s).sum()) + ld * int((t * t).sum()) + ld * int((t * s).sum()))
+    forward = 2 * weights + attention
+    return 3 * forward
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Synthetic data
+
+
+@dataclass(frozen=True)
+class LengthModel:
+    """Pair lengths in subwords (stored, without EOS/BOS).
+
+    source ~ round(LogNormal(mu, sigma)) with mu chosen so that the mean is `mean`;
+    target = round(source x ratio x (1 + noise x N(0, 1))); both clipped to [1, max_len].
+    """
+
+    mean: float
+    sigma: float
+    ratio: float
+    noise: float
+    max_len: int = 250
+
+
+# WMT14 en-de with a ~37k joint BPE: about 27 source subwords a sentence with a long tail, German about
+# 10% longer; lengths to 250 (the recipes' clean-corpus limit).
+WMT_LENGTHS = LengthModel(mean=27.0, sigma=0.6, ratio=1.1, noise=0.15)
+# Measured on Multi30k en-de preprocessed with the 8k recipe: mean 14.3 / 14.8 subwords, log-sd 0.32,
+# target/source ratio 1.04 with log-sd 0.18, longest 48 / 52.
+MULTI30K_LENGTHS = LengthModel(mean=14.3, sigma=0.32, ratio=1.04, noise=0.18, max_len=60)
+
+
+def synthetic_lengths(n: int, lengths: LengthModel, seed: int = 0) -> tuple[Tensor, Tensor]:
+    """(source, target) stored lengths of n synthetic pairs, int64 (n,) each."""
+    g = torch.Generator().manual_seed(seed)
+    mu = math.log(lengths.mean) - lengths.sigma**2 / 2  # E[LogNormal(mu, sigma)] = exp(mu + sigma^2 / 2)
+    src = torch.exp(mu + lengths.sigma * torch.randn(n, generator=g, dtype=torch.float64))
+    tgt = src * lengths.ratio * (1 + lengths.noise * torch.randn(n, generator=g, dtype=torch.float64))
+    clip = lambda x: x.round().clamp(1, lengths.max_len).to(torch.int64)  # noqa: E731
+    return clip(src), clip(tgt)
+
+
+class SyntheticPairs:
+    """Pairs with given lengths and random ids, with the interface of nmt.data.binarized.ParallelData.
+
+    Every pair is a window into one shared buffer of random ids, so a large pool costs no memory.
+    """
+
+    BUFFER = 1 << 16
+
+    def __init__(self, src_lens: Tensor, tgt_lens: Tensor, vocab: int, seed: int = 0):
+        self.src_lens, self.tgt_lens = src_lens, tgt_lens
+        g = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(4, vocab, (self.BUFFER,), generator=g)  # above PAD, UNK, BOS, EOS
+
+    def __len__(self) -> int:
+        return len(self.src_lens)
+
+    def _window(self, i: int, n: int) -> Tensor:
+        start = (i * 7919) % (self.BUFFER - n)
+        return self.ids[start : start + n]
+
+    def src(self, i: int) -> Tensor:
+        return self._window(2 * i, int(self.src_lens[i]))
+
+    def tgt(self, i: int) -> Tensor:
+        return self._window(2 * i + 1, int(self.tgt_lens[i]))
+
+
+def synthetic_data(cfg: Config, lengths: LengthModel, updates: int) -> SyntheticPairs:
+    """A pool large enough that length-sorted batches are about as tight as on a real corpus."""
+    per_pair = lengths.mean * max(lengths.ratio, 1.0) + 1
+    n = max(30_000, int(2 * updates * cfg.train.update_tokens / per_pair))
+    src, tgt = synthetic_lengths(n, lengths, cfg.train.seed)
+    return SyntheticPairs(src, tgt, cfg.data.vocab_size, cfg.train.seed)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The device
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_rate(device: torch.device, dtype: torch.dtype, n: int, trials: int = 3) -> list[float]:
+    """FLOP/s of n x n x n matrix products in `dtype`, one figure per trial of about 8 products."""
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    for _ in range(2):
+        torch.mm(a, b)
+    rates = []
+    for _ in range(trials):
+        synchronize(device)
+        start = time.perf_counter()
+        for _ in range(8):
+            torch.mm(a, b)
+        synchronize(device)
+        rates.append(8 * 2 * n**3 / (time.perf_counter() - start))
+    return rates
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def peak_memory(device: torch.device) -> int:
+    """Bytes: allocated GPU memory high-water mark, or the process's resident-set high-water mark."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The measurement
+
+
+@dataclass
+class Window:
+    seconds: float
+    updates: int
+    src_tokens: int
+    tgt_tokens: int
+    flops: int
+
+
+def batch_figures(cfg: Config, batch: tuple[Tensor, Tensor, Tensor]) -> tuple[int, int, int, int]:
+    """(source tokens, target tokens, padded slots of both sides, model FLOPs) of one collated batch."""
+    src, tgt_in, _ = batch
+    s = (src != PAD_ID).sum(1).cpu()  # (B,) source tokens incl. EOS
+    t = (tgt_in != PAD_ID).sum(1).cpu()  # (B,) target positions incl. BOS
+    vocab = cfg.data.vocab_size
+    return int(s.sum()), int(t.sum()), src.numel() + tgt_in.numel(), model_flops(cfg.model, s, t, vocab)
+
+
+class Trainer:
+    """The trainer's objects and one update, exactly as nmt.train.train builds and runs them."""
+
+    def __init__(self, cfg: Config, rt: Runtime):
+        self.cfg, self.rt = cfg, rt
+        torch.manual_seed(cfg.train.seed)
+        self.model = Transformer(cfg.model, cfg.data.vocab_size).to(rt.device)
+        self.optimizer = build_optimizer(self.model.parameters(), cfg.train, fused=rt.device.type == "cuda")
+        self.scaler = torch.amp.GradScaler("cuda") if rt.dtype == torch.float16 else None
+        self.net = torch.compile(self.model, dynamic=True) if cfg.train.compile else self.model
+        self.scale = lr_scale(cfg.model, cfg.train)
+        self.step = 0
+        self.model.train()
+
+    def update(self, batches, target_tokens: int) -> None:
+        self.step += 1
+        lr = inverse_sqrt_lr(self.step, self.cfg.model.d_model, self.cfg.train.warmup, self.scale)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        norm = self.rt.world_size / torch.tensor(float(target_tokens), device=self.rt.device)
+        forward_backward(self.net, batches, norm, self.cfg, self.rt, self.scaler)
+        optimizer_step(self.model, self.optimizer, self.scaler, self.cfg.train.clip_norm)
+
+
+def measure(
+    cfg: Config,
+    data,
+    updates: int,
+    warmup: int,
+    windows: int,
+    matmul_size: int | None = None,
+    end_to_end: bool = True,
+    profile: int = 0,
+) -> dict:
+    """Run the benchmark and return its figures (see the module docstring for what each one means)."""
+    if updates < windows:
+        raise NmtError(f"--updates {updates} is fewer than --windows {windows}")
+    rt = setup_runtime(cfg)
+    n = matmul_size or (8192 if rt.device.type == "cuda" else 2048)
+    rates = matmul_rate(rt.device, rt.dtype, n)
+    if rt.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(rt.device)
+    trainer = Trainer(cfg, rt)
+    accum = accumulation(cfg, rt.world_size)
+    plan = update_plan(data, cfg, rt, TrainProgress(), accum)
+
+    # Batches of the warm-up and timed updates, collated and on the device before the clock starts.
+    prepared = []
+    for _ in range(warmup + updates):
+        batches = list(micro_batches(data, next(plan), rt))
+        prepared.append((batches, [batch_figures(cfg, b) for b in batches]))
+    for batches, figs in prepared[:warmup]:
+        trainer.update(batches, sum(f[1] for f in figs))
+    synchronize(rt.device)
+
+    timed, padded, real = [], 0, 0
+    per_window = [updates // windows + (i < updates % windows) for i in range(windows)]
+    cursor = warmup
+    for size in per_window:
+        chunk = prepared[cursor : cursor + size]
+        cursor += size
+        synchronize(rt.device)
+        start = time.perf_counter()
+        for batches, figs in chunk:
+            trainer.update(batches, sum(f[1] for f in figs))
+        synchronize(rt.device)
+        seconds = time.perf_counter() - start
+        figs = [f for _, fs in chunk for f in fs]
+        timed.append(Window(seconds, size, *(sum(f[i] for f in figs) for i in (0, 1, 3))))
+        padded += sum(f[2] for f in figs)
+        real += sum(f[0] + f[1] for f in figs)
+    memory = peak_memory(rt.device)
+    del prepared
+
+    e2e = None
+    if end_to_end:
+        # The trainer's own data path: indices -> collate -> (pinned) copy, inside the timed loop.
+        size = per_window[0]
+        synchronize(rt.device)
+        start = time.perf_counter()
+        tokens = 0
+        for _ in range(size):
+            chunk = next(plan)
+            local = sum(int((data.tgt_lens[idx] + 1).sum()) for idx in chunk)
+            trainer.update(micro_batches(data, chunk, rt), local)
+            tokens += local
+        synchronize(rt.device)
+        e2e = tokens / (time.perf_counter() - start)
+
+    profile_table = profile_updates(trainer, data, plan, profile) if profile else None
+    rates += matmul_rate(rt.device, rt.dtype, n)
+
+    rate = statistics.median(rates)
+    by_speed = sorted(timed, key=lambda w: w.tgt_tokens / w.seconds)
+    mid = by_speed[len(by_speed) // 2]
+    total_s = sum(w.seconds for w in timed)
+    result = {
+        "device": device_name(rt.device),
+        "device_type": rt.device.type,
+        "dtype": str(rt.dtype).removeprefix("torch."),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "parameters": count_parameters(trainer.model),
+        "vocab": cfg.data.vocab_size,
+        "batch_tokens": cfg.train.batch_tokens,
+        "accumulation": accum,
+        "updates": updates,
+        "warmup_updates": warmup,
+        "windows": windows,
+        "target_tokens_per_s": mid.tgt_tokens / mid.seconds,
+        "source_tokens_per_s": mid.src_tokens / mid.seconds,
+        "updates_per_s": mid.updates / mid.seconds,
+        "window_target_tokens_per_s": [w.tgt_tokens / w.seconds for w in timed],
+        "mean_target_tokens_per_s": sum(w.tgt_tokens for w in timed) / total_s,
+        "target_tokens_per_update": sum(w.tgt_tokens for w in timed) / updates,
+        "padding_fraction": 1 - real / padded,
+        "peak_memory_bytes": memory,
+        "peak_memory_kind": "torch.cuda.max_memory_allocated"
+        if rt.device.type == "cuda"
+        else "RSS high-water",
+        "model_flops_per_update": sum(w.flops for w in timed) / updates,
+        "model_flops_per_s": mid.flops / mid.seconds,
+        "matmul": f"{str(rt.dtype).removeprefix('torch.')} {n}^3",
+        "matmul_flops_per_s": rate,
+        "mfu": mid.flops / mid.seconds / rate,
+        "end_to_end_target_tokens_per_s": e2e,
+    }
+    steps, tokens = cfg.train.max_steps, cfg.train.update_tokens
+    result["projection"] = {
+        "steps": steps,
+        "tokens_per_update": tokens,
+        "hours": steps * tokens / result["target_tokens_per_s"] / 3600,
+        "hours_as_batched": steps / result["updates_per_s"] / 3600,
+    }
+    if profile_table is not None:
+        result["profile"] = profile_table
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Where the time goes
+
+MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul")
+# (category, words of the outermost op or autograd node that put an op's self time there), first match wins
+CATEGORIES = (
+    ("optimizer (Adam, grad norm)", ("Optimizer.", "_foreach", "clip_grad")),
+    ("attention (scaled dot-product, head split)", ("scaled_dot_product", "ScaledDotProduct", "Unbind")),
+    (
+        "loss (log-softmax, label smoothing)",
+        ("log_softmax", "LogSoftmax", "gather", "Gather", "mean", "Mean", "masked_fill", "MaskedFill"),
+    ),
+    ("dropout", ("dropout", "Dropout", "bernoulli")),
+    ("LayerNorm", ("layer_norm", "LayerNorm")),
+    ("embeddings", ("embedding", "Embedding")),
+    ("linear layers (attention projections, FFN)", ("linear", "Addmm", "MmBackward")),
+    ("other (residual adds, ReLU, views and copies)", ("",)),
+)
+
+
+def categorize(name: str, root: str, shapes: Sequence, vocab: int) -> str:
+    """The category of an op's self time, from its own name and input shapes and its outermost op."""
+    if name in MATMULS and not root.startswith("Optimizer."):
+        dims = {d for shape in shapes if isinstance(shape, list | tuple) for d in shape}
+        return "output projection (matmul)" if vocab in dims else "linear layers (attention projections, FFN)"
+    return next(category for category, words in CATEGORIES if any(w in root for w in words))
+
+
+def profile_updates(trainer: Trainer, data, plan, updates: int) -> dict[str, float]:
+    """Share of self time (device time on a GPU) by category over `updates` trainer updates."""
+    from torch.profiler import ProfilerActivity, profile
+
+    rt = trainer.rt
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if rt.device.type == "cuda" else [])
+    chunks = [list(micro_batches(data, next(plan), rt)) for _ in range(updates)]
+    with profile(activities=activities, record_shapes=True) as prof:
+        for batches in chunks:
+            trainer.update(batches, sum(int((b[2] != PAD_ID).sum()) for b in batches))
+        synchronize(rt.device)
+    totals: dict[str, float] = {}
+    for event in prof.events():
+        root = event
+        while root.cpu_parent is not None:
+            root = root.cpu_parent
+        spent = event.self_device_time_total if rt.device.type == "cuda" else event.self_cpu_time_total
+        key = categorize(event.name, root.name, event.input_shapes or [], trainer.cfg.data.vocab_size)
+        totals[key] = totals.get(key, 0.0) + spent
+    whole = sum(totals.values()) or 1.0
+    return {k: v / whole for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Reporting
+
+
+def report_lines(recipe: str, r: dict) -> list[str]:
+    p = r["projection"]
+    lines = [
+        f"{recipe} on {r['device']} ({r['device_type']}, {r['dtype']}, {r['threads']} threads, "
+        f"torch {r['torch']})",
+        f"model: {r['parameters']:,} parameters, vocabulary {r['vocab']}; batches of {r['batch_tokens']} "
+        f"tokens x {r['accumulation']} accumulation",
+        f"timed: {r['updates']} updates in {r['windows']} windows after {r['warmup_updates']} warm-up; "
+        f"median window shown",
+        f"target tokens/s      {r['target_tokens_per_s']:,.0f}  (windows: "
+        + ", ".join(f"{x:,.0f}" for x in r["window_target_tokens_per_s"])
+        + ")",
+        f"source tokens/s      {r['source_tokens_per_s']:,.0f}",
+        f"updates/s            {r['updates_per_s']:.3f}  ({r['target_tokens_per_update']:,.0f} target "
+        f"tokens/update)",
+        f"padding              {100 * r['padding_fraction']:.1f}% of batch slots",
+        f"peak memory          {r['peak_memory_bytes'] / GIB:.2f} GiB ({r['peak_memory_kind']})",
+        f"model FLOP/s         {r['model_flops_per_s'] / 1e12:.3f} T  "
+        f"({r['model_flops_per_update'] / 1e12:.3f} TFLOP/update)",
+        f"matmul rate          {r['matmul_flops_per_s'] / 1e12:.3f} TFLOP/s ({r['matmul']}, measured)",
+        f"MFU                  {100 * r['mfu']:.1f}%",
+    ]
+    if r["end_to_end_target_tokens_per_s"] is not None:
+        lines.append(
+            f"end to end           {r['end_to_end_target_tokens_per_s']:,.0f} target tokens/s "
+            f"(with the trainer's collation in the loop)"
+        )
+    lines.append(
+        f"projected: {p['steps'] / 1000:g}k x {p['tokens_per_update'] / 1000:g}k tokens -> "
+        f"{p['hours']:.2f} h on this device ({p['hours_as_batched']:.2f} h at this run's "
+        f"{r['target_tokens_per_update']:,.0f} tokens/update)"
+    )
+    for name, share in r.get("profile", {}).items():
+        lines.append(f"profile  {100 * share:5.1f}%  {name}")
+    return lines
+
+
+def record_entry(
+    title: str, command: str, r: dict, notes: Sequence[str] = (), after: Sequence[str] = ()
+) -> str:
+    """A dated Markdown entry: device, command, then the figures as a table and any `after` lines."""
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    p = r["projection"]
+    e2e = r["end_to_end_target_tokens_per_s"]
+    rows = [
+        ("target tokens/s (median window)", f"{r['target_tokens_per_s']:,.0f}"),
+        ("windows", ", ".join(f"{x:,.0f}" for x in r["window_target_tokens_per_s"])),
+        ("source tokens/s", f"{r['source_tokens_per_s']:,.0f}"),
+        ("updates/s", f"{r['updates_per_s']:.3f} ({r['target_tokens_per_update']:,.0f} target tokens each)"),
+        ("padding", f"{100 * r['padding_fraction']:.1f}%"),
+        ("peak memory", f"{r['peak_memory_bytes'] / GIB:.2f} GiB ({r['peak_memory_kind']})"),
+        ("model FLOP/s", f"{r['model_flops_per_s'] / 1e9:,.1f} G"),
+        ("matmul rate", f"{r['matmul_flops_per_s'] / 1e9:,.1f} GFLOP/s ({r['matmul']})"),
+        ("MFU", f"{100 * r['mfu']:.1f}%"),
+        ("end to end (collation in the loop)", f"{e2e:,.0f} target tokens/s" if e2e else "not measured"),
+        (
+            "projected",
+            f"{p['steps'] / 1000:g}k x {p['tokens_per_update'] / 1000:g}k tokens -> {p['hours']:.1f} h",
+        ),
+    ]
+    out = [
+        f"### {now}: {title}",
+        "",
+        f"- device: {r['device']} ({r['device_type']}, {r['dtype']}), {r['threads']} threads, "
+        f"torch {r['torch']}",
+        f"- command: `{command}`",
+        f"- model: {r['parameters']:,} parameters, vocabulary {r['vocab']}, batches of {r['batch_tokens']} "
+        f"tokens x {r['accumulation']}; {r['updates']} timed updates in {r['windows']} windows after "
+        f"{r['warmup_updates']} warm-up",
+        f"- data: {r['data']}",
+        *notes,
+        "",
+        "| figure | value |",
+        "| --- | --- |",
+        *(f"| {k} | {v} |" for k, v in rows),
+        *(["", *after] if after else []),
+        "",
+    ]
+    return "\n".join(out)
+
+
+def record(entry: str, path: Path = RESULTS) -> None:
+    """Append `entry` at the end of this file's own section, leaving every other section as it is."""
+    text = path.read_text(encoding="utf-8") if path.exists() else "# Benchmark results\n"
+    if SECTION not in text:
+        text = text.rstrip("\n") + f"\n\n{SECTION}\n\n"
+    start = text.index(SECTION) + len(SECTION)
+    end = text.find("\n## ", start)
+    end = len(text) if end < 0 else end + 1
+    head, tail = text[:end].rstrip("\n") + "\n\n", text[end:]
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(head + entry.rstrip("\n") + "\n" + ("\n" + tail if tail else ""), encoding="utf-8")
+    tmp.replace(path)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Command line
+
+
+def parser(description: str = __doc__.split("\n\n")[0]) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--updates", type=int, default=30, help="timed updates (default 30)")
+    p.add_argument("--warmup-updates", type=int, default=5, help="untimed updates first (default 5)")
+    p.add_argument("--windows", type=int, default=3, help="timed windows; the median is shown (default 3)")
+    p.add_argument("--data", type=Path, help="a preprocessed work directory: time its training split")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), help="overrides train.device")
+    p.add_argument("--matmul-size", type=int, help="matmul side for the peak rate (8192 GPU, 2048 CPU)")
+    p.add_argument("--no-end-to-end", action="store_true", help="skip the window with collation")
+    p.add_argument("--profile", type=int, default=0, metavar="N", help="profile N more updates")
+    p.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    p.add_argument("--record", action="store_true", help="append the figures to benchmarks/RESULTS.md")
+    p.add_argument("--results", type=Path, default=RESULTS, help=argparse.SUPPRESS)
+    return p
+
+
+def run(recipe: str, args: argparse.Namespace, lengths: LengthModel, extra_overrides: Sequence[str] = ()):
+    """Load the recipe with the overrides, pick the data, measure; returns (config, figures)."""
+    overrides = [*extra_overrides, *args.overrides]
+    if args.device:
+        overrides.append(f"train.device={args.device}")
+    cfg = load_config(recipe, overrides)
+    if args.data:
+        from nmt.data.binarized import ParallelData
+
+        data, source = ParallelData(args.data / "data" / "train"), f"{args.data}/data/train"
+    else:
+        data = synthetic_data(cfg, lengths, args.warmup_updates + 2 * args.updates)
+        source = f"synthetic ({lengths})"
+    figures = measure(
+        cfg,
+        data,
+        args.updates,
+        args.warmup_updates,
+        args.windows,
+        args.matmul_size,
+        not args.no_end_to_end,
+        args.profile,
+    )
+    figures["recipe"], figures["data"] = recipe, source
+    return cfg, figures
+
+
+def command_line(script: str, argv: Sequence[str] | None) -> str:
+    """The command that reproduces this run (argv None: this process's own arguments)."""
+    return shlex.join(
+        ["python", f"benchmarks/{Path(script).name}", *(sys.argv[1:] if argv is None else argv)]
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = parser()
+    p.add_argument("recipe", help="a recipe name (wmt14-en-de-base) or YAML path")
+    args = p.parse_args(argv)
+    try:
+        lengths = MULTI30K_LENGTHS if "multi30k" in args.recipe else WMT_LENGTHS
+        _, figures = run(args.recipe, args, lengths)
+    except NmtError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(figures, indent=1))
+    else:
+        print("\n".join(report_lines(args.recipe, figures)))
+    if args.record:
+        title = f"{Path(args.recipe).stem}, {figures['device_type']} {figures['dtype']}"
+        record(record_entry(title, command_line(__file__, argv), figures), args.results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
