@@ -4,7 +4,7 @@
     python benchmarks/train_throughput.py multi30k-en-de --data runs/multi30k-en-de --device cpu
     python benchmarks/train_throughput.py wmt14-en-de-big --updates 60 --json --record
 
-What runs is the trainer's own update, not a copy of it: the model, optimizer (fused Adam on CUDA),
+What runs is the trainer's own update, not a copy of it: the model, optimizer (fused Adam),
 precision (bf16 autocast where the recipe's `train.precision` resolves to it) and gradient accumulation
 come from nmt.train (`setup_runtime`, `accumulation`, `update_plan`, `micro_batches`, `forward_backward`,
 `optimizer_step`), with the vocabulary set to data.vocab_size. Batches are cut by the real token-budget
@@ -249,7 +249,7 @@ class Trainer:
         self.cfg, self.rt = cfg, rt
         torch.manual_seed(cfg.train.seed)
         self.model = Transformer(cfg.model, cfg.data.vocab_size).to(rt.device)
-        self.optimizer = build_optimizer(self.model.parameters(), cfg.train, fused=rt.device.type == "cuda")
+        self.optimizer = build_optimizer(self.model.parameters(), cfg.train)
         self.scaler = torch.amp.GradScaler("cuda") if rt.dtype == torch.float16 else None
         self.net = torch.compile(self.model, dynamic=True) if cfg.train.compile else self.model
         self.scale = lr_scale(cfg.model, cfg.train)

@@ -402,7 +402,7 @@ def train(cfg: Config, workdir: Path, console: Console | None = None) -> Path:
     random.seed(cfg.train.seed)
 
     model = Transformer(cfg.model, data.subword.vocab_size).to(rt.device)
-    optimizer = build_optimizer(model.parameters(), cfg.train, fused=rt.device.type == "cuda")
+    optimizer = build_optimizer(model.parameters(), cfg.train)
     scaler = torch.amp.GradScaler("cuda") if rt.dtype == torch.float16 else None
     prog = TrainProgress()
     resumed = find_resume_checkpoint(ckpt_dir, log)
