@@ -92,7 +92,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     clip_norm: float = 0.0  # 0 disables clipping (the paper does not clip)
     label_smoothing: float = 0.1
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 on a GPU that has it, else fp32
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 where native (nmt.device)
     compile: bool = False
     device: str = "auto"
     threads: int | None = None  # CPU threads for torch; None keeps torch's default
