@@ -154,6 +154,24 @@ def average(
 
 
 @app.command()
+def export(
+    model: Annotated[Path, typer.Option("--model", "-m", help="Checkpoint from nmt train or nmt average.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Model folder to write.")],
+    fmt: Annotated[str, typer.Option("--format", help="Target engine: ctranslate2.")] = "ctranslate2",
+    force: Annotated[bool, typer.Option("--force", help="Replace an earlier export in --output.")] = False,
+) -> None:
+    """Convert a checkpoint for another inference engine (CTranslate2: pip install 'nmt\\[ctranslate2]').
+
+    [bold]Examples[/]
+      nmt export -m runs/multi30k-en-de/checkpoints/average.pt --format ctranslate2 -o ct2-en-de
+      nmt translate --engine ctranslate2 -m ct2-en-de -i in.en > out.de
+    """
+    from nmt.export import export as run_export
+
+    err.print(f"exported {model} to {run_export(model, output, fmt, force=force)}")
+
+
+@app.command()
 def translate(
     model: Annotated[Path, typer.Option("--model", "-m", help="Checkpoint from nmt train or nmt average.")],
     input: Annotated[Path | None, typer.Option("--input", "-i", help="Input file; default stdin.")] = None,

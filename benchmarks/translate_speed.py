@@ -1,0 +1,464 @@
+"""Translation speed: nmt's PyTorch engine and CTranslate2, side by side on one model and one input.
+
+    python benchmarks/translate_speed.py --repeats 3          # random-weights model, synthetic input
+    python benchmarks/translate_speed.py --model runs/multi30k-en-de/checkpoints/average.pt \\
+        --input runs/multi30k-en-de/data/test/test_2016_flickr.en --repeats 3 --record
+
+Engines: nmt (fp32 on a CPU, bf16 on a GPU) and CTranslate2 on a folder exported from the same checkpoint
+by nmt.export (float32 and int8 on a CPU; float16 and bfloat16 on a GPU). Every engine gets the same
+decode settings (beam 4, the checkpoint's length penalty and length limit), the same batch budget (both
+cut batches with nmt.translate.token_batches) and the same threads (torch.set_num_threads, CTranslate2's
+intra_threads). Each engine lives in its own worker process, which loads the model once; the parent runs
+the timed passes round-robin (engine order rotated each repetition), so a neighbour stealing the CPU for
+a while slows every engine alike, and reads each worker's own resident-set high-water mark
+(getrusage(RUSAGE_SELF).ru_maxrss) as that engine's peak memory. Workers import torch whatever the
+engine (nmt.ctranslate2_engine shares nmt.translate's batching), so "over imports" is also reported:
+the peak minus the RSS right after the imports, which is what the model and the decoding cost.
+
+Figures: target subwords/s and sentences/s of a full pass (median over repetitions; target subwords
+counted by re-encoding each engine's output with the model's SentencePiece model), the speed ratio
+nmt time / engine time per repetition (min/median/max), the latency of one sentence at a time (as an
+interactive user sees it; median over the latency sentences), peak RSS, and how many outputs are the
+same as nmt's.
+
+Without --model nothing is trained: a Transformer of the Multi30k recipe's size with random weights and
+a SentencePiece model trained on synthetic text (a Zipf-distributed vocabulary of made-up words). Random
+weights almost never emit EOS, so every output runs to its length limit. The limit is then the same for
+every sentence, 0 x |x| + 30 subwords (--max-len-a/--max-len-b): every engine does the same work (the
+CTranslate2 engine decodes a batch up to its longest sentence's limit, which with |x|-dependent limits
+would cost it steps that a trained model, stopping at EOS, never takes), and 30 subwords is about the
+length of a real translation of these sentences. Random weights also make near-ties everywhere, so the
+"same as nmt" column means nothing for them.
+Without --input the sentences are synthetic, with newstest2014's length distribution: word counts drawn
+from a log-normal with mean 25 and standard deviation 14 (mu = 3.08, sigma = 0.52; the English side of
+newstest2014 averages about 24 words a sentence with a long right tail), clipped to 1..120.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import itertools
+import json
+import math
+import os
+import platform
+import random
+import resource
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+SECTION = "## Translation speed"
+MIB = 1024**2
+CPU_ENGINES = [("nmt", "fp32"), ("ctranslate2", "float32"), ("ctranslate2", "int8")]
+GPU_ENGINES = [("nmt", "bf16"), ("ctranslate2", "float16"), ("ctranslate2", "bfloat16")]
+NEWSTEST_WORDS = (25.0, 14.0)  # mean and standard deviation of words per sentence
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Synthetic text and the random-weights model
+
+
+def lognormal_params(mean: float, sd: float) -> tuple[float, float]:
+    """mu, sigma of the log-normal with this mean and standard deviation."""
+    sigma2 = math.log(1 + (sd / mean) ** 2)
+    return math.log(mean) - sigma2 / 2, math.sqrt(sigma2)
+
+
+def sentence_lengths(rng: random.Random, n: int, mean: float, sd: float, high: int = 120) -> list[int]:
+    mu, sigma = lognormal_params(mean, sd)
+    return [min(high, max(1, round(rng.lognormvariate(mu, sigma)))) for _ in range(n)]
+
+
+def made_up_words(rng: random.Random, n: int) -> list[str]:
+    """n distinct pronounceable words of 1 to 4 syllables."""
+    onsets, vowels = "b c d f g h k l m n p r s t v w z br st tr pl".split(), "a e i o u ai ou".split()
+    words: set[str] = set()
+    while len(words) < n:
+        words.add("".join(rng.choice(onsets) + rng.choice(vowels) for _ in range(rng.randint(1, 4))))
+    return sorted(words)
+
+
+class SyntheticText:
+    """Sentences of made-up words, word frequencies following Zipf's law (frequency ~ 1 / rank)."""
+
+    def __init__(self, seed: int = 0, vocabulary: int = 6000):
+        self.rng = random.Random(seed)
+        self.words = made_up_words(self.rng, vocabulary)
+        self.cum_weights = list(itertools.accumulate(1 / r for r in range(1, vocabulary + 1)))
+
+    def sentences(self, lengths: list[int]) -> list[str]:
+        pick = self.rng.choices
+        return [
+            " ".join(pick(self.words, cum_weights=self.cum_weights, k=n)).capitalize() + "." for n in lengths
+        ]
+
+
+def random_model(workdir: Path, recipe: str = "multi30k-en-de") -> Path:
+    """A checkpoint of the recipe's model with random weights and a SentencePiece model of synthetic text."""
+    import torch
+
+    from nmt.checkpoint import save_checkpoint
+    from nmt.config import load_config
+    from nmt.model import Transformer
+    from nmt.subword import Subword, train_subword
+
+    cfg = load_config(recipe, [])
+    text = SyntheticText(seed=1)
+    corpus = workdir / "spm-train.txt"
+    corpus.write_text("\n".join(text.sentences(sentence_lengths(text.rng, 20000, 12, 6))) + "\n")
+    subword = Subword.load(train_subword([corpus], workdir / "spm", cfg.data))
+    torch.manual_seed(1)
+    model = Transformer(cfg.model, subword.vocab_size)
+    path = workdir / "random.pt"
+    save_checkpoint(
+        path,
+        model_state=model.state_dict(),
+        config=cfg,
+        subword_proto=subword.proto,
+        vocab_size=subword.vocab_size,
+    )
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------------
+# One engine in its own process
+
+
+def worker() -> None:
+    """Load one engine, then answer commands on stdin (run, latency, quit) with one JSON line each."""
+    job = json.loads(sys.stdin.readline())
+    from nmt.config import DecodeConfig
+
+    decode = DecodeConfig(**job["decode"])
+    if job["engine"] == "nmt":
+        import torch
+
+        from nmt.checkpoint import load_model
+        from nmt.device import DTYPES
+        from nmt.translate import Translator
+
+        torch.set_num_threads(job["threads"])
+        rss_imports = max_rss()
+        device = torch.device(job["device"])
+        model, subword, _ = load_model(Path(job["checkpoint"]), device)
+        translator = Translator(model.to(DTYPES[job["compute"]]), subword, decode, device)
+    else:
+        from nmt.ctranslate2_engine import CT2Translator
+
+        rss_imports = max_rss()
+        translator = CT2Translator(
+            Path(job["ct2_dir"]), decode, job["device"], job["compute"], job["threads"]
+        )
+        subword = translator.subword
+    lines, latency_lines = job["lines"], job["latency_lines"]
+    translator.translate(lines[:16])  # warm-up: allocators, kernels' first calls
+    send({"rss_imports": rss_imports, "rss_loaded": max_rss()})
+    for command in sys.stdin:
+        command = command.strip()
+        if command == "run":
+            start = time.perf_counter()
+            out = translator.translate(lines)
+            seconds = time.perf_counter() - start
+            tokens = sum(len(ids) for ids in subword.encode(out))
+            send({"seconds": seconds, "target_tokens": tokens, "sentences": len(lines), "outputs": out})
+        elif command == "latency":
+            times = []
+            for line in latency_lines:
+                start = time.perf_counter()
+                translator.translate([line])
+                times.append(time.perf_counter() - start)
+            send({"latency": times})
+        else:
+            send({"rss_peak": max_rss()})
+            return
+
+
+def max_rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def send(message: dict) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+class Worker:
+    """The parent's handle on one engine's process."""
+
+    def __init__(self, engine: str, compute: str, job: dict):
+        self.engine, self.compute = engine, compute
+        self.name = f"{'nmt' if engine == 'nmt' else 'CTranslate2'} {compute}"
+        env = {**os.environ, "OMP_NUM_THREADS": str(job["threads"]), "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        self.ready = self.ask(json.dumps({**job, "engine": engine, "compute": compute}))  # after loading
+        self.runs: list[dict] = []
+
+    def ask(self, line: str) -> dict:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        reply = self.proc.stdout.readline()
+        if not reply:
+            raise SystemExit(f"the {self.name} worker died (exit status {self.proc.wait()})")
+        return json.loads(reply)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The measurement
+
+
+@dataclass
+class Result:
+    name: str
+    tokens_per_s: float  # median over repetitions
+    sentences_per_s: float
+    ratios: list[float]  # nmt time / this engine's time, per repetition
+    latency_ms: float  # median, one sentence at a time
+    rss_peak: int
+    rss_over_imports: int
+    same_as_nmt: float  # fraction of lines
+
+
+def measure(job: dict, engines: list[tuple[str, str]], repeats: int) -> list[Result]:
+    # Started one after another, each waited for: loading is not timed, and would share the CPU.
+    workers = [Worker(engine, compute, job) for engine, compute in engines]
+    for rep in range(repeats):
+        for w in workers[rep % len(workers) :] + workers[: rep % len(workers)]:
+            w.runs.append(w.ask("run"))
+            print(
+                f"repetition {rep + 1}/{repeats}: {w.name:22s} {w.runs[-1]['seconds']:7.2f} s",
+                file=sys.stderr,
+            )
+    latencies = {w.name: w.ask("latency")["latency"] for w in workers}
+    peaks = {w.name: w.ask("quit")["rss_peak"] for w in workers}
+    for w in workers:
+        w.proc.wait()
+
+    base = workers[0]
+    results = []
+    for w in workers:
+        outputs = w.runs[0]["outputs"]
+        same = sum(a == b for a, b in zip(outputs, base.runs[0]["outputs"], strict=True)) / len(outputs)
+        results.append(
+            Result(
+                name=w.name,
+                tokens_per_s=statistics.median(r["target_tokens"] / r["seconds"] for r in w.runs),
+                sentences_per_s=statistics.median(r["sentences"] / r["seconds"] for r in w.runs),
+                ratios=[b["seconds"] / r["seconds"] for b, r in zip(base.runs, w.runs, strict=True)],
+                latency_ms=1000 * statistics.median(latencies[w.name]),
+                rss_peak=peaks[w.name],
+                rss_over_imports=peaks[w.name] - w.ready["rss_imports"],
+                same_as_nmt=same,
+            )
+        )
+    return results
+
+
+def table_rows(results: list[Result]) -> list[list[str]]:
+    rows = []
+    for r in results:
+        lo, mid, hi = min(r.ratios), statistics.median(r.ratios), max(r.ratios)
+        rows.append(
+            [
+                r.name,
+                f"{r.tokens_per_s:,.0f}",
+                f"{r.sentences_per_s:,.1f}",
+                f"{mid:.2f} ({lo:.2f}-{hi:.2f})",
+                f"{r.latency_ms:,.1f}",
+                f"{r.rss_peak / MIB:,.0f}",
+                f"{r.rss_over_imports / MIB:,.0f}",
+                f"{100 * r.same_as_nmt:.1f}%",
+            ]
+        )
+    return rows
+
+
+# speed-up: nmt's time / this engine's time; latency: one sentence at a time; RSS: the worker process's
+# high-water mark, and that minus its RSS after the imports; same: outputs identical to nmt's.
+HEADER = ["engine", "tgt tok/s", "sent/s", "speed-up (min-max)", "latency ms", "RSS MiB", "Δ MiB", "same"]
+
+
+def machine(device: str) -> str:
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.get_device_name(torch.device(device))
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def record(entry: str, path: Path = RESULTS) -> None:
+    """Append `entry` at the end of this benchmark's section, leaving every other section as it is."""
+    text = path.read_text(encoding="utf-8") if path.exists() else "# Benchmark results\n"
+    if SECTION not in text:
+        text = text.rstrip("\n") + f"\n\n{SECTION}\n\n"
+    start = text.index(SECTION) + len(SECTION)
+    end = text.find("\n## ", start)
+    end = len(text) if end < 0 else end + 1
+    head, tail = text[:end].rstrip("\n") + "\n\n", text[end:]
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(head + entry.rstrip("\n") + "\n" + ("\n" + tail if tail else ""), encoding="utf-8")
+    tmp.replace(path)
+
+
+def record_entry(results: list[Result], about: dict) -> str:
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return "\n".join(
+        [
+            f"### {now}: {about['model']}, {about['device']}",
+            "",
+            f"- machine: {about['machine']}, threads: {about['threads']}; torch {about['torch']}, "
+            f"ctranslate2 {about['ctranslate2']}",
+            f"- command: `{about['command']}`",
+            f"- model: {about['model_detail']}",
+            f"- input: {about['input']}",
+            f"- decoding: {about['decoding']}",
+            f"- {about['repeats']} repetitions, round-robin; latency: {about['latency_lines']} sentences "
+            "one at a time; speed-up and latency are medians",
+            "",
+            "| " + " | ".join(HEADER) + " |",
+            "| " + " | ".join("---" for _ in HEADER) + " |",
+            *("| " + " | ".join(row) + " |" for row in table_rows(results)),
+            "",
+        ]
+    )
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", type=Path, help="an nmt checkpoint (default: random weights, Multi30k size)")
+    p.add_argument("--input", type=Path, help="source sentences, one a line (default: synthetic)")
+    p.add_argument("--lines", type=int, help="use the first N input lines (default: all; synthetic: 300)")
+    p.add_argument("--repeats", type=int, default=3, help="timed passes per engine (default 3)")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="CPU threads for every engine")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    p.add_argument("--beam", type=int, default=4)
+    p.add_argument(
+        "--max-tokens", type=int, help="batch budget (default: the checkpoint's decode.batch_tokens)"
+    )
+    p.add_argument("--max-len-a", type=float, help="length limit a (default: checkpoint's; random model: 0)")
+    p.add_argument("--max-len-b", type=int, help="length limit b (default: checkpoint's; random model: 30)")
+    p.add_argument("--latency-lines", type=int, default=30, help="sentences translated one at a time")
+    p.add_argument("--record", action="store_true", help="append the figures to benchmarks/RESULTS.md")
+    p.add_argument("--results", type=Path, default=RESULTS, help=argparse.SUPPRESS)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> list[Result]:
+    args = parser().parse_args(argv)
+    if args.worker:
+        worker()
+        return []
+    import ctranslate2
+    import torch
+    from rich.console import Console
+    from rich.table import Table
+
+    from nmt.checkpoint import load_checkpoint
+    from nmt.export import export
+
+    console = Console(stderr=True)
+    with tempfile.TemporaryDirectory(prefix="translate-speed-") as tmp:
+        work = Path(tmp)
+        if args.model is None:
+            console.print(
+                "no --model: random weights of the multi30k-en-de recipe's size (nothing is trained)"
+            )
+            checkpoint, random_weights = random_model(work), True
+        else:
+            checkpoint, random_weights = args.model, False
+        ckpt = load_checkpoint(checkpoint)
+        d = ckpt.config.decode
+        default_a, default_b = (0.0, 30) if random_weights else (d.max_len_a, d.max_len_b)
+        decode = dataclasses.replace(
+            d,
+            beam=args.beam,
+            nbest=1,
+            batch_tokens=args.max_tokens or d.batch_tokens,
+            max_len_a=default_a if args.max_len_a is None else args.max_len_a,
+            max_len_b=default_b if args.max_len_b is None else args.max_len_b,
+        )
+        if args.input is not None:
+            lines = [line for line in args.input.read_text(encoding="utf-8").splitlines() if line.strip()]
+            lines = lines[: args.lines] if args.lines else lines
+            input_about = f"{args.input} ({len(lines)} lines)"
+        else:
+            text = SyntheticText(seed=2)
+            lines = text.sentences(sentence_lengths(text.rng, args.lines or 300, *NEWSTEST_WORDS))
+            input_about = (
+                f"{len(lines)} synthetic sentences, words per sentence log-normal with newstest2014's "
+                f"mean 25 and sd 14 (here: mean {statistics.mean(map(len, map(str.split, lines))):.1f})"
+            )
+        ct2_dir = export(checkpoint, work / "ct2")
+        latency_lines = random.Random(3).sample(lines, min(args.latency_lines, len(lines)))
+        job = {
+            "checkpoint": str(checkpoint),
+            "ct2_dir": str(ct2_dir),
+            "decode": dataclasses.asdict(decode),
+            "device": args.device,
+            "threads": args.threads,
+            "lines": lines,
+            "latency_lines": latency_lines,
+        }
+        engines = GPU_ENGINES if args.device.startswith("cuda") else CPU_ENGINES
+        results = measure(job, engines, args.repeats)
+
+    cfg = ckpt.config.model
+    params = sum(v.numel() for k, v in ckpt.model_state.items())
+    about = {
+        "model": "random weights, multi30k-en-de size" if random_weights else str(checkpoint),
+        "model_detail": f"{cfg.encoder_layers}+{cfg.decoder_layers} layers, d_model {cfg.d_model}, "
+        f"d_ff {cfg.d_ff}, {cfg.heads} heads, vocabulary {ckpt.vocab_size}, {params:,} parameters"
+        + (" (random weights: outputs run to the length limit)" if random_weights else ""),
+        "device": args.device,
+        "machine": machine(args.device),
+        "threads": args.threads,
+        "torch": torch.__version__,
+        "ctranslate2": ctranslate2.__version__,
+        "command": shlex.join(
+            ["python", "benchmarks/translate_speed.py", *(argv if argv is not None else sys.argv[1:])]
+        ),
+        "input": input_about,
+        "decoding": f"beam {decode.beam}, lenpen {decode.lenpen}, max length {decode.max_len_a:g} x |x| + "
+        f"{decode.max_len_b}, batch budget {decode.batch_tokens} tokens (sentences x beam x longest source)",
+        "repeats": args.repeats,
+        "latency_lines": len(latency_lines),
+    }
+    table = Table(title=f"Translation speed: {about['model']} on {args.device}, {args.threads} threads")
+    for name in HEADER:
+        table.add_column(name, justify="left" if name == "engine" else "right")
+    for row in table_rows(results):
+        table.add_row(*row)
+    out = Console()
+    out.print(table)
+    for key in ("machine", "model_detail", "input", "decoding"):
+        out.print(f"{key}: {about[key]}", highlight=False)
+    if args.record:
+        record(record_entry(results, about), args.results)
+        console.print(f"recorded in {args.results}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""Translation with CTranslate2 over a folder written by `nmt export --format ctranslate2`.
+
+Same contract as nmt.translate.Translator: one result per input line, in order; blank lines give empty
+results without reaching CTranslate2; lines longer than the model's positions are truncated. Batches are
+the torch engine's own (nmt.translate.token_batches: sentences x beam x longest source <= batch_tokens),
+so both engines see the same batches.
+
+How nmt.search's conventions are obtained from CTranslate2's beam search:
+- Stopping: a sentence stops once K hypotheses have finished, as ours (rule (a)). CTranslate2 does so
+  whenever a length penalty is set; it would otherwise stop at the first finished top beam. So it runs
+  with a negligible penalty (|Y|^1e-9, exactly 1 in float32), returns all K finished hypotheses with
+  their raw scores (sums of log-probs, EOS included), and the n-best are re-ranked here with the GNMT
+  penalty ((5 + |Y|) / 6)^alpha, |Y| counting the EOS, which CTranslate2's |Y|^alpha cannot express.
+  Our early stop (rule (b)) only saves work: it never changes the n-best.
+- PAD and BOS are never emitted; EOS may come first (an empty translation). CTranslate2 removes PAD and
+  BOS before its softmax where nmt.search masks them after it, so its log-probs are renormalized over
+  the other tokens: scores come out slightly higher (by the mass the model puts on PAD and BOS, about
+  0.01 a token for a model trained with label smoothing), and near-ties can rank differently.
+- Length limit: floor(a * |x| + b) tokens before the EOS. CTranslate2 has one limit per batch, so it
+  decodes up to the batch's largest limit and longer hypotheses are cut at their sentence's limit. At a
+  limit our search forces EOS where CTranslate2 cuts the hypothesis; outputs can differ only for
+  sentences that reach their limit (a trained model rarely does with the paper's a=1, b=50).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from rich.console import Console
+
+from nmt.config import DecodeConfig
+from nmt.errors import NmtError
+from nmt.export import import_ctranslate2, read_meta
+from nmt.subword import BOS, EOS, PAD, Subword
+from nmt.translate import one_line, token_batches
+
+NO_PENALTY = 1e-9  # non-zero, so CTranslate2 waits for K finished hypotheses; |Y|^1e-9 == 1.0 in float32
+
+
+def gnmt_score(raw: float, length: int, alpha: float) -> float:
+    """raw / ((5 + |Y|) / 6)^alpha, |Y| counting the EOS (nmt.search.length_penalty)."""
+    return raw / ((5 + length) / 6) ** alpha
+
+
+class CT2Translator:
+    """An exported model folder translating lists of lines with the settings of a DecodeConfig."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        decode: DecodeConfig,
+        device: str = "cpu",
+        compute_type: str = "default",
+        threads: int | None = None,
+        console: Console | None = None,
+    ):
+        ct2 = import_ctranslate2()
+        model_dir = Path(model_dir)
+        meta = read_meta(model_dir)
+        self.decode, self.console = decode, console
+        self.max_positions = int(meta["max_positions"])
+        self.max_source = self.max_positions - 1  # subwords before the EOS
+        self.subword = Subword.load(model_dir / "spm.model")
+        self.pieces: list[str] = json.loads((model_dir / "shared_vocabulary.json").read_text("utf-8"))
+        self.ids = {piece: i for i, piece in enumerate(self.pieces)}
+        kind, _, index = device.partition(":")
+        try:
+            self.engine = ct2.Translator(
+                str(model_dir),
+                device=kind,
+                device_index=int(index or 0),
+                compute_type=compute_type,
+                inter_threads=1,
+                intra_threads=threads or 0,  # 0: CTranslate2's default
+            )
+        except (RuntimeError, ValueError) as e:
+            raise NmtError(
+                f"{model_dir}: CTranslate2 cannot load it on {device} ({compute_type}): {e}"
+            ) from None
+
+    def translate(self, lines: list[str]) -> list[str]:
+        """One translation per line, in order; blank lines give empty strings."""
+        return [nbest[0][0] for nbest in self.translate_nbest(lines)]
+
+    def translate_nbest(self, lines: list[str], first_line: int = 1) -> list[list[tuple[str, float]]]:
+        """Up to decode.nbest (text, score) pairs per line, best first; a blank line gives [("", 0.0)]."""
+        results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in lines]
+        todo = [i for i, line in enumerate(lines) if line.strip()]
+        sources: dict[int, list[int]] = {}
+        for i, ids in zip(todo, self.subword.encode([lines[i] for i in todo]), strict=True):
+            if len(ids) > self.max_source:
+                self.warn(
+                    f"line {first_line + i}: {len(ids)} subwords, truncated to the model's {self.max_source}"
+                )
+                ids = ids[: self.max_source]
+            if ids:
+                sources[i] = ids
+        keys = list(sources)
+        for batch in token_batches(
+            [len(sources[i]) + 1 for i in keys], self.decode.batch_tokens, self.decode.beam
+        ):
+            rows = [keys[j] for j in batch]
+            for i, hyps in zip(rows, self.search([sources[i] for i in rows]), strict=True):
+                texts = self.subword.decode([tokens for tokens, _ in hyps])
+                results[i] = [(one_line(text), score) for text, (_, score) in zip(texts, hyps, strict=True)]
+        return results
+
+    def limits(self, ids: list[list[int]]) -> list[int]:
+        """floor(a * |x| + b) tokens before the EOS, within the model's positions (nmt.search)."""
+        d = self.decode
+        return [
+            max(0, min(math.floor(d.max_len_a * len(x) + d.max_len_b), self.max_positions - 1)) for x in ids
+        ]
+
+    def search(self, ids: list[list[int]]) -> list[list[tuple[list[int], float]]]:
+        """The n best (token ids, GNMT-normalized score) of each source, best first."""
+        d = self.decode
+        limits = self.limits(ids)
+        results = self.engine.translate_batch(
+            [[self.pieces[i] for i in x] for x in ids],  # CTranslate2 appends the EOS itself
+            beam_size=d.beam,
+            num_hypotheses=d.beam,
+            length_penalty=NO_PENALTY if d.beam > 1 else 0.0,
+            max_input_length=0,  # already truncated above
+            max_decoding_length=max(limits) + 1,  # + 1: the step that emits the EOS
+            min_decoding_length=0,
+            suppress_sequences=[[self.pieces[PAD]], [self.pieces[BOS]]],
+            return_scores=True,
+            return_end_token=True,
+        )
+        out = []
+        for limit, result in zip(limits, results, strict=True):
+            hyps = []
+            for tokens, raw in zip(result.hypotheses, result.scores, strict=True):
+                seq = [self.ids[t] for t in tokens]
+                if seq and seq[-1] == EOS:
+                    seq.pop()
+                seq = seq[:limit]
+                hyps.append((seq, gnmt_score(raw, len(seq) + 1, d.lenpen)))
+            hyps.sort(key=lambda h: -h[1])
+            out.append(hyps[: d.nbest])
+        return out
+
+    def warn(self, message: str) -> None:
+        if self.console is not None:
+            self.console.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)

@@ -1,0 +1,202 @@
+"""Convert a checkpoint into another inference engine's model folder; today, CTranslate2.
+
+The conversion goes through CTranslate2's own specification API (the one its fairseq and OpenNMT-py
+converters use): `TransformerSpec.from_config` describes the architecture and the weights are filled in
+by name. Our layout already matches CTranslate2's: self-attention projects Q, K, V with one fused matrix
+and cross-attention projects Q alone and K, V fused. What is set explicitly rather than left to its
+defaults: the sinusoidal position table (ours interleaves sin/cos per dimension pair, section 3.5, which
+need not be the layout CTranslate2 would compute), the LayerNorm epsilon (torch's 1e-5) and the special
+tokens. The output projection is the shared embedding matrix without a bias, as in nmt.model.
+
+The folder holds CTranslate2's files (model.bin, config.json, shared_vocabulary.json: SentencePiece
+pieces in id order) plus spm.model, the subword model, and nmt.json, the checkpoint's decode settings,
+so it is enough to translate with `nmt translate --engine ctranslate2 -m DIR`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from nmt.checkpoint import Checkpoint, load_checkpoint
+from nmt.config import DecodeConfig
+from nmt.errors import CheckpointError, NmtError
+from nmt.subword import BOS, EOS, UNK
+
+FORMATS = ("ctranslate2",)
+META_FILE = "nmt.json"
+META_FORMAT = "nmt-ctranslate2"
+LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which nmt.model uses
+
+
+def import_ctranslate2():
+    try:
+        import ctranslate2
+    except ImportError as e:
+        raise NmtError(f"CTranslate2 is not installed ({e}): pip install 'nmt[ctranslate2]'") from None
+    return ctranslate2
+
+
+def export(model_path: Path, output: Path, fmt: str = "ctranslate2", force: bool = False) -> Path:
+    """`nmt export`: write the checkpoint `model_path` as a `fmt` model folder `output`; returns it.
+
+    The folder is built under a temporary name beside `output` and renamed at the end, so a failed
+    export leaves nothing behind. An existing `output` is replaced only with `force`, and only when it
+    holds a previous export (never an unrelated folder).
+    """
+    if fmt not in FORMATS:
+        raise NmtError(f"--format {fmt}: expected one of {', '.join(FORMATS)}")
+    ct2 = import_ctranslate2()
+    output = Path(output)
+    if output.exists():
+        if not force:
+            raise NmtError(f"{output} already exists; add --force to replace it")
+        if not (output / META_FILE).is_file():
+            raise NmtError(f"{output} exists and is not an nmt export; refusing to replace it")
+    ckpt = load_checkpoint(Path(model_path))
+    pieces = subword_pieces(ckpt.subword_proto)
+    if len(pieces) != ckpt.vocab_size:
+        raise NmtError(f"{model_path}: {len(pieces)} subwords but the model has {ckpt.vocab_size} rows")
+
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    try:
+        converted = staging / "model"
+        try:
+            converter(ckpt, pieces, ct2).convert(str(converted))
+        except KeyError as e:
+            raise CheckpointError(f"{model_path}: no weight {e} for CTranslate2's Transformer") from None
+        (converted / "spm.model").write_bytes(ckpt.subword_proto)
+        write_meta(converted / META_FILE, ckpt, source=Path(model_path))
+        if output.exists():
+            shutil.rmtree(output)
+        os.replace(converted, output)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return output
+
+
+def subword_pieces(proto: bytes) -> list[str]:
+    """The SentencePiece pieces in id order: CTranslate2 takes and returns token strings, not ids."""
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_proto=proto)
+    return [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+
+
+def write_meta(path: Path, ckpt: Checkpoint, source: Path) -> None:
+    meta = {
+        "format": META_FORMAT,
+        "version": 1,
+        "source": str(source),
+        "src_lang": ckpt.config.data.src_lang,
+        "tgt_lang": ckpt.config.data.tgt_lang,
+        "max_positions": ckpt.config.model.max_positions,
+        "decode": dataclasses.asdict(ckpt.config.decode),
+    }
+    path.write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+
+
+def read_meta(model_dir: Path) -> dict:
+    """nmt.json of an exported folder; NmtError if the folder is not one."""
+    path = Path(model_dir) / META_FILE
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        raise NmtError(
+            f"{model_dir}: not a model folder written by `nmt export` (no readable {META_FILE})"
+        ) from None
+    if meta.get("format") != META_FORMAT:
+        raise NmtError(f"{path}: not written by `nmt export --format ctranslate2`")
+    return meta
+
+
+def exported_decode(model_dir: Path) -> DecodeConfig:
+    """The decode settings of the checkpoint the folder was exported from."""
+    return DecodeConfig(**read_meta(model_dir)["decode"])
+
+
+def converter(ckpt: Checkpoint, pieces: list[str], ct2):
+    """A ctranslate2.converters.Converter over an nmt checkpoint (its `convert` validates and saves)."""
+
+    class _Converter(ct2.converters.Converter):
+        def _load(self):
+            return transformer_spec(ckpt, pieces, ct2.specs)
+
+    return _Converter()
+
+
+def transformer_spec(ckpt: Checkpoint, pieces: list[str], specs):
+    """The checkpoint as a filled-in ctranslate2.specs.TransformerSpec."""
+    from nmt.model import sinusoidal_positions
+
+    cfg, w = ckpt.config.model, ckpt.model_state
+    spec = specs.TransformerSpec.from_config(
+        (cfg.encoder_layers, cfg.decoder_layers),
+        cfg.heads,
+        pre_norm=cfg.norm == "pre",
+        activation=specs.Activation.RELU,
+        layernorm_embedding=False,
+    )
+    embed = w["embed.weight"].float()  # (V, D): source and target embeddings and the output projection (3.4)
+    positions = sinusoidal_positions(cfg.max_positions, cfg.d_model)  # (max_positions, D)
+    for stack, norm in ((spec.encoder, "encoder_norm"), (spec.decoder, "decoder_norm")):
+        embeddings = stack.embeddings[0] if isinstance(stack.embeddings, list) else stack.embeddings
+        embeddings.weight = embed
+        stack.scale_embeddings = True  # x * sqrt(D), as nmt.model.Transformer.embed_tokens
+        stack.position_encodings.encodings = positions
+        if cfg.norm == "pre":
+            set_layer_norm(stack.layer_norm, w, norm)
+    spec.decoder.projection.weight = embed  # no bias: logits = y E^T
+
+    for i, layer in enumerate(spec.encoder.layer):
+        p = f"encoder.{i}"
+        set_linear(layer.self_attention.linear[0], w, f"{p}.self_attn.qkv_proj")  # (3D, D): Q; K; V
+        set_linear(layer.self_attention.linear[1], w, f"{p}.self_attn.out_proj")
+        set_layer_norm(layer.self_attention.layer_norm, w, f"{p}.res_attn.norm")
+        set_ffn(layer.ffn, w, p, "res_ffn")
+    for i, layer in enumerate(spec.decoder.layer):
+        p = f"decoder.{i}"
+        set_linear(layer.self_attention.linear[0], w, f"{p}.self_attn.qkv_proj")  # (3D, D): Q; K; V
+        set_linear(layer.self_attention.linear[1], w, f"{p}.self_attn.out_proj")
+        set_layer_norm(layer.self_attention.layer_norm, w, f"{p}.res_self.norm")
+        set_linear(layer.attention.linear[0], w, f"{p}.cross_attn.q_proj")  # (D, D)
+        set_linear(layer.attention.linear[1], w, f"{p}.cross_attn.kv_proj")  # (2D, D): K; V
+        set_linear(layer.attention.linear[2], w, f"{p}.cross_attn.out_proj")
+        set_layer_norm(layer.attention.layer_norm, w, f"{p}.res_cross.norm")
+        set_ffn(layer.ffn, w, p, "res_ffn")
+
+    spec.register_source_vocabulary(pieces)
+    spec.register_target_vocabulary(pieces)
+    # Decoding starts from BOS; the source is ids + [EOS] (nmt.subword's conventions), which
+    # CTranslate2 appends itself so that the folder also works without nmt.
+    spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = (
+        pieces[UNK],
+        pieces[BOS],
+        pieces[EOS],
+    )
+    spec.config.decoder_start_token = pieces[BOS]
+    spec.config.add_source_bos, spec.config.add_source_eos = False, True
+    spec.config.layer_norm_epsilon = LAYER_NORM_EPS
+    return spec
+
+
+def set_linear(spec, weights: dict, name: str) -> None:
+    spec.weight = weights[f"{name}.weight"].float()
+    spec.bias = weights[f"{name}.bias"].float()
+
+
+def set_layer_norm(spec, weights: dict, name: str) -> None:
+    spec.gamma = weights[f"{name}.weight"].float()
+    spec.beta = weights[f"{name}.bias"].float()
+
+
+def set_ffn(spec, weights: dict, prefix: str, residual: str) -> None:
+    """FFN(x) = max(0, x W1 + b1) W2 + b2; its LayerNorm is the one around it (post: after, pre: before)."""
+    set_linear(spec.linear_0, weights, f"{prefix}.ffn.fc1")
+    set_linear(spec.linear_1, weights, f"{prefix}.ffn.fc2")
+    set_layer_norm(spec.layer_norm, weights, f"{prefix}.{residual}.norm")
