@@ -268,7 +268,7 @@ def plot(
 ) -> None:
     """Draw the learning curves of a run (loss, perplexity, BLEU, learning rate, speed) into a PNG.
 
-    Needs matplotlib: pip install 'nmt[plot]'.
+    Needs matplotlib: pip install 'nmt\\[plot]'.
 
     [bold]Examples[/]
       nmt plot runs/multi30k-en-de

@@ -33,8 +33,9 @@ from rich.console import Console
 from nmt.config import DecodeConfig
 from nmt.errors import NmtError
 from nmt.export import import_ctranslate2, read_meta
+from nmt.search import Hypothesis
 from nmt.subword import BOS, EOS, PAD, Subword
-from nmt.translate import one_line, token_batches
+from nmt.translate import LineTranslator
 
 NO_PENALTY = 1e-9  # non-zero, so CTranslate2 waits for K finished hypotheses; |Y|^1e-9 == 1.0 in float32
 
@@ -44,8 +45,8 @@ def gnmt_score(raw: float, length: int, alpha: float) -> float:
     return raw / ((5 + length) / 6) ** alpha
 
 
-class CT2Translator:
-    """An exported model folder translating lists of lines with the settings of a DecodeConfig."""
+class CT2Translator(LineTranslator):
+    """The CTranslate2 engine: an exported model folder, searched by CTranslate2, reranked as nmt.search."""
 
     def __init__(
         self,
@@ -59,10 +60,8 @@ class CT2Translator:
         ct2 = import_ctranslate2()
         model_dir = Path(model_dir)
         meta = read_meta(model_dir)
-        self.decode, self.console = decode, console
         self.max_positions = int(meta["max_positions"])
-        self.max_source = self.max_positions - 1  # subwords before the EOS
-        self.subword = Subword.load(model_dir / "spm.model")
+        super().__init__(Subword.load(model_dir / "spm.model"), decode, self.max_positions, console)
         self.pieces: list[str] = json.loads((model_dir / "shared_vocabulary.json").read_text("utf-8"))
         self.ids = {piece: i for i, piece in enumerate(self.pieces)}
         kind, _, index = device.partition(":")
@@ -80,33 +79,6 @@ class CT2Translator:
                 f"{model_dir}: CTranslate2 cannot load it on {device} ({compute_type}): {e}"
             ) from None
 
-    def translate(self, lines: list[str]) -> list[str]:
-        """One translation per line, in order; blank lines give empty strings."""
-        return [nbest[0][0] for nbest in self.translate_nbest(lines)]
-
-    def translate_nbest(self, lines: list[str], first_line: int = 1) -> list[list[tuple[str, float]]]:
-        """Up to decode.nbest (text, score) pairs per line, best first; a blank line gives [("", 0.0)]."""
-        results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in lines]
-        todo = [i for i, line in enumerate(lines) if line.strip()]
-        sources: dict[int, list[int]] = {}
-        for i, ids in zip(todo, self.subword.encode([lines[i] for i in todo]), strict=True):
-            if len(ids) > self.max_source:
-                self.warn(
-                    f"line {first_line + i}: {len(ids)} subwords, truncated to the model's {self.max_source}"
-                )
-                ids = ids[: self.max_source]
-            if ids:
-                sources[i] = ids
-        keys = list(sources)
-        for batch in token_batches(
-            [len(sources[i]) + 1 for i in keys], self.decode.batch_tokens, self.decode.beam
-        ):
-            rows = [keys[j] for j in batch]
-            for i, hyps in zip(rows, self.search([sources[i] for i in rows]), strict=True):
-                texts = self.subword.decode([tokens for tokens, _ in hyps])
-                results[i] = [(one_line(text), score) for text, (_, score) in zip(texts, hyps, strict=True)]
-        return results
-
     def limits(self, ids: list[list[int]]) -> list[int]:
         """floor(a * |x| + b) tokens before the EOS, within the model's positions (nmt.search)."""
         d = self.decode
@@ -114,7 +86,7 @@ class CT2Translator:
             max(0, min(math.floor(d.max_len_a * len(x) + d.max_len_b), self.max_positions - 1)) for x in ids
         ]
 
-    def search(self, ids: list[list[int]]) -> list[list[tuple[list[int], float]]]:
+    def search(self, ids: list[list[int]]) -> list[list[Hypothesis]]:
         """The n best (token ids, GNMT-normalized score) of each source, best first."""
         d = self.decode
         limits = self.limits(ids)
@@ -138,11 +110,7 @@ class CT2Translator:
                 if seq and seq[-1] == EOS:
                     seq.pop()
                 seq = seq[:limit]
-                hyps.append((seq, gnmt_score(raw, len(seq) + 1, d.lenpen)))
-            hyps.sort(key=lambda h: -h[1])
+                hyps.append(Hypothesis(seq, gnmt_score(raw, len(seq) + 1, d.lenpen)))
+            hyps.sort(key=lambda h: -h.score)
             out.append(hyps[: d.nbest])
         return out
-
-    def warn(self, message: str) -> None:
-        if self.console is not None:
-            self.console.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)

@@ -24,7 +24,7 @@ from rich.console import Console
 from nmt.config import DecodeConfig
 from nmt.device import resolve_device, resolve_dtype
 from nmt.errors import NmtError
-from nmt.search import EOS, PAD, beam_search, greedy_search
+from nmt.search import EOS, PAD, Hypothesis, beam_search, greedy_search
 
 CHUNK_LINES = 2000  # lines read, sorted and batched together; their translations are flushed together
 # Every character str.splitlines() breaks on: none may survive inside one output line.
@@ -60,15 +60,19 @@ def padded_sources(ids: list[list[int]], device: torch.device) -> torch.Tensor:
     return src.to(device, non_blocking=True)
 
 
-class Translator:
-    """A model and its subwords, translating lists of lines with the settings of a DecodeConfig."""
+class LineTranslator:
+    """The engine-independent front end: encode, truncate, batch by length, detokenize, keep the order.
 
-    def __init__(
-        self, model, subword, decode: DecodeConfig, device: torch.device, console: Console | None = None
-    ):
-        self.model, self.subword, self.decode = model, subword, decode
-        self.device, self.console = torch.device(device), console
-        self.max_source = model.cfg.max_positions - 1  # subwords before the EOS
+    An engine subclasses it and provides `search(ids) -> list[list[Hypothesis]]`, the n best of each
+    source (subword ids without EOS), best first.
+    """
+
+    def __init__(self, subword, decode: DecodeConfig, max_positions: int, console: Console | None = None):
+        self.subword, self.decode, self.console = subword, decode, console
+        self.max_source = max_positions - 1  # subwords before the EOS
+
+    def search(self, ids: list[list[int]]) -> list[list[Hypothesis]]:
+        raise NotImplementedError
 
     def translate(self, lines: list[str]) -> list[str]:
         """One translation per line, in order; blank lines give empty strings."""
@@ -99,7 +103,21 @@ class Translator:
                 results[i] = [(one_line(text), h.score) for text, h in zip(texts, hyps, strict=True)]
         return results
 
-    def search(self, ids: list[list[int]]):
+    def warn(self, message: str) -> None:
+        if self.console is not None:
+            self.console.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
+
+
+class Translator(LineTranslator):
+    """The PyTorch engine: a model and its subwords, searched with nmt.search."""
+
+    def __init__(
+        self, model, subword, decode: DecodeConfig, device: torch.device, console: Console | None = None
+    ):
+        super().__init__(subword, decode, model.cfg.max_positions, console)
+        self.model, self.device = model, torch.device(device)
+
+    def search(self, ids: list[list[int]]) -> list[list[Hypothesis]]:
         """Greedy for beam 1 (the same result, less work), else beam search; eval mode, then restored."""
         d, model = self.decode, self.model
         was_training = model.training
@@ -112,10 +130,6 @@ class Translator:
                 return beam_search(model, src, d.beam, d.lenpen, d.max_len_a, d.max_len_b, d.nbest)
         finally:
             model.train(was_training)
-
-    def warn(self, message: str) -> None:
-        if self.console is not None:
-            self.console.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
 
 
 # ---- the command line's stream ---------------------------------------------------------------------
