@@ -424,6 +424,9 @@ def train(cfg: Config, workdir: Path, console: Console | None = None) -> Path:
             model, device_ids=[rt.device] if rt.device.type == "cuda" else None
         )
     if cfg.train.compile:
+        # Variable batch shapes: compile once for dynamic sizes. Where compiling fails (no C++ compiler
+        # for the CPU backend, say), dynamo falls back to eager for that code with a warning.
+        torch._dynamo.config.suppress_errors = True
         net = torch.compile(net, dynamic=True)
 
     scale = lr_scale(cfg.model, cfg.train)
