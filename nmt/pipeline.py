@@ -138,7 +138,8 @@ def compound_split_bleu(hyps: list[str], refs: list[str]) -> float:
     def split(line: str) -> str:
         return re.sub(r"(\S)-(\S)", r"\1 ##AT##-##AT## \2", tokenize(line))
 
-    return BLEU(tokenize="none").corpus_score([split(h) for h in hyps], [[split(r) for r in refs]]).score
+    bleu = BLEU(tokenize="none", force=True)  # force: this text is tokenized on purpose
+    return bleu.corpus_score([split(h) for h in hyps], [[split(r) for r in refs]]).score
 
 
 def training_summary(workdir: Path) -> dict:

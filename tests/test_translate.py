@@ -266,3 +266,32 @@ def test_token_batches_respect_the_budget_and_cover_every_sentence():
     for b in batches:
         assert len(b) == 1 or len(b) * 4 * max(lengths[i] for i in b) <= 1000
     assert token_batches([300], max_tokens=10, rows_per_sentence=4) == [[0]]
+
+
+def test_beam_search_on_a_trained_model_reverses_the_sequences(synthetic_run):
+    """The shared reversal model, translated through the CLI with beam 4: the outputs are right."""
+    source = synthetic_run / "data" / "valid.xx"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nmt",
+            "translate",
+            "-m",
+            str(synthetic_run / "checkpoints" / "best.pt"),
+            "-i",
+            str(source),
+            "--beam",
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    hyps = proc.stdout.split("\n")[:-1]
+    refs = (synthetic_run / "data" / "valid.yy").read_text().split("\n")[:-1]
+    assert len(hyps) == len(refs) == 100
+    exact = sum(h == r for h, r in zip(hyps, refs, strict=True)) / len(refs)
+    assert exact >= 0.8, f"{exact:.0%} of sentences reversed exactly"
