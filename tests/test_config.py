@@ -102,3 +102,14 @@ def test_dry_run_prints_the_exact_parameter_count():
         pytest.skip("WMT14 recipes not present")
     assert proc.returncode == 0, proc.stderr
     assert "parameters: 63,082,496" in proc.stderr
+
+
+def test_every_command_has_help_with_examples():
+    runner = CliRunner()
+    top = runner.invoke(app, ["--help"])
+    assert top.exit_code == 0
+    for command in ("preprocess", "train", "translate", "score", "average", "run", "plot", "export"):
+        assert command in top.output
+        result = runner.invoke(app, [command, "--help"])
+        assert result.exit_code == 0, command
+        assert "Examples" in result.output, command
