@@ -30,6 +30,7 @@ TINY = [
     "--set=data.vocab_size=100",
     "--set=train.batch_tokens=256",
     "--set=train.update_tokens=512",  # two micro-batches per update
+    "--set=train.compile=false",  # the recipe compiles; a smoke test should not wait for it
     "--updates=2",
     "--warmup-updates=1",
     "--windows=2",

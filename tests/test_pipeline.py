@@ -21,6 +21,7 @@ TINY = [
     "train.valid_bleu=false",
     "train.average_last=2",
     "train.threads=1",
+    "train.compile=false",
     "decode.beam=2",
     "decode.max_len_b=3",
 ]
