@@ -29,7 +29,6 @@ import argparse
 import datetime
 import json
 import math
-import platform
 import resource
 import shlex
 import statistics
@@ -39,6 +38,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import results_file  # benchmarks/results_file.py: these scripts run with benchmarks/ on sys.path
 import torch
 from torch import Tensor
 
@@ -57,7 +57,7 @@ from nmt.train import (
     update_plan,
 )
 
-RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+RESULTS = results_file.RESULTS
 SECTION = "## Training throughput"
 GIB = 1024**3
 
@@ -201,18 +201,6 @@ def matmul_rate(device: torch.device, dtype: torch.dtype, n: int, trials: int = 
     return rates
 
 
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def peak_memory(device: torch.device) -> int:
     """Bytes: allocated GPU memory high-water mark, or the process's resident-set high-water mark."""
     if device.type == "cuda":
@@ -339,7 +327,7 @@ def measure(
     mid = by_speed[len(by_speed) // 2]
     total_s = sum(w.seconds for w in timed)
     result = {
-        "device": device_name(rt.device),
+        "device": results_file.machine_name(str(rt.device)),
         "device_type": rt.device.type,
         "dtype": str(rt.dtype).removeprefix("torch."),
         "torch": torch.__version__,
@@ -518,17 +506,7 @@ def record_entry(
 
 
 def record(entry: str, path: Path = RESULTS) -> None:
-    """Append `entry` at the end of this file's own section, leaving every other section as it is."""
-    text = path.read_text(encoding="utf-8") if path.exists() else "# Benchmark results\n"
-    if SECTION not in text:
-        text = text.rstrip("\n") + f"\n\n{SECTION}\n\n"
-    start = text.index(SECTION) + len(SECTION)
-    end = text.find("\n## ", start)
-    end = len(text) if end < 0 else end + 1
-    head, tail = text[:end].rstrip("\n") + "\n\n", text[end:]
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(head + entry.rstrip("\n") + "\n" + ("\n" + tail if tail else ""), encoding="utf-8")
-    tmp.replace(path)
+    results_file.record(entry, SECTION, path)
 
 
 # ---------------------------------------------------------------------------------------------------------

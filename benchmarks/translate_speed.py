@@ -43,7 +43,6 @@ import itertools
 import json
 import math
 import os
-import platform
 import random
 import resource
 import shlex
@@ -55,7 +54,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+import results_file  # benchmarks/results_file.py: these scripts run with benchmarks/ on sys.path
+
+RESULTS = results_file.RESULTS
 SECTION = "## Translation speed"
 MIB = 1024**2
 CPU_ENGINES = [("nmt", "fp32"), ("ctranslate2", "float32"), ("ctranslate2", "int8")]
@@ -293,32 +294,8 @@ def table_rows(results: list[Result]) -> list[list[str]]:
 HEADER = ["engine", "tgt tok/s", "sent/s", "speed-up (min-max)", "latency ms", "RSS MiB", "Δ MiB", "same"]
 
 
-def machine(device: str) -> str:
-    if device.startswith("cuda"):
-        import torch
-
-        return torch.cuda.get_device_name(torch.device(device))
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def record(entry: str, path: Path = RESULTS) -> None:
-    """Append `entry` at the end of this benchmark's section, leaving every other section as it is."""
-    text = path.read_text(encoding="utf-8") if path.exists() else "# Benchmark results\n"
-    if SECTION not in text:
-        text = text.rstrip("\n") + f"\n\n{SECTION}\n\n"
-    start = text.index(SECTION) + len(SECTION)
-    end = text.find("\n## ", start)
-    end = len(text) if end < 0 else end + 1
-    head, tail = text[:end].rstrip("\n") + "\n\n", text[end:]
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(head + entry.rstrip("\n") + "\n" + ("\n" + tail if tail else ""), encoding="utf-8")
-    tmp.replace(path)
+    results_file.record(entry, SECTION, path)
 
 
 def record_entry(results: list[Result], about: dict) -> str:
@@ -432,7 +409,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
         f"d_ff {cfg.d_ff}, {cfg.heads} heads, vocabulary {ckpt.vocab_size}, {params:,} parameters"
         + (" (random weights: outputs run to the length limit)" if random_weights else ""),
         "device": args.device,
-        "machine": machine(args.device),
+        "machine": results_file.machine_name(args.device),
         "threads": args.threads,
         "torch": torch.__version__,
         "ctranslate2": ctranslate2.__version__,

@@ -10,6 +10,17 @@ import pytest
 from .synthetic import make_config, make_workdir
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny models on a shared 2-core machine: one torch thread avoids oversubscription stalls."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def multi30k_mirror() -> Path:
     """The folder of verbatim Multi30k files named by NMT_DATA_MIRROR (.ci/run sets it)."""

@@ -25,13 +25,7 @@ from nmt.search import (
 UNK, A, B = 1, 4, 5
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models on a shared 2-core machine: one torch thread avoids oversubscription stalls."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # ---- a decoder whose next-token probabilities are a script keyed by the prefix ----------------------

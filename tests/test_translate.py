@@ -37,13 +37,7 @@ def sentences(n: int, seed: int) -> list[str]:
     ]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """In-process translation on a shared 2-core machine: one torch thread avoids oversubscription stalls."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
