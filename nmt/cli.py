@@ -182,6 +182,12 @@ def translate(
     lenpen: Annotated[float | None, typer.Option(help="Length penalty alpha, ((5+|Y|)/6)^alpha.")] = None,
     max_len_a: Annotated[float | None, typer.Option(help="Output limit a*source_length+b: a.")] = None,
     max_len_b: Annotated[int | None, typer.Option(help="Output limit a*source_length+b: b.")] = None,
+    min_len: Annotated[
+        int | None,
+        typer.Option(
+            help="Tokens a translation has at least before it may end (0 allows empty). Default: 1."
+        ),
+    ] = None,
     max_tokens: Annotated[
         int | None,
         typer.Option(help="Batch budget: sentences x beam x longest source. Default: the recipe's."),
@@ -232,6 +238,7 @@ def translate(
         interactive=interactive,
         console=err,
         engine=engine,
+        min_len=min_len,
     )
 
 

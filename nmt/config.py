@@ -112,6 +112,7 @@ class DecodeConfig:
     lenpen: float = 0.6  # GNMT length penalty ((5+|Y|)/6)^alpha
     max_len_a: float = 1.0  # output length limit: a * source length + b
     max_len_b: int = 50
+    min_len: int = 1  # tokens before EOS may end a hypothesis: a real sentence never translates to nothing
     batch_tokens: int = 8192
     nbest: int = 1
 
@@ -282,6 +283,7 @@ def _check(cfg: Config, source: str) -> None:
     need(d.beam >= 1, "decode.beam", "must be at least 1")
     need(1 <= d.nbest <= d.beam, "decode.nbest", "must be between 1 and decode.beam")
     need(d.batch_tokens > 0, "decode.batch_tokens", "must be positive")
+    need(d.min_len >= 0, "decode.min_len", "must be 0 or more")
     need(data.vocab_size >= 16, "data.vocab_size", "must be at least 16")
     need(data.src_lang != data.tgt_lang, "data.tgt_lang", "must differ from data.src_lang")
     need(len(data.train) > 0, "data.train", "names no corpus")

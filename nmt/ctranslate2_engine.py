@@ -97,7 +97,7 @@ class CT2Translator(LineTranslator):
             length_penalty=NO_PENALTY if d.beam > 1 else 0.0,
             max_input_length=0,  # already truncated above
             max_decoding_length=max(limits) + 1,  # + 1: the step that emits the EOS
-            min_decoding_length=0,
+            min_decoding_length=d.min_len,
             suppress_sequences=[[self.pieces[PAD]], [self.pieces[BOS]]],
             return_scores=True,
             return_end_token=True,

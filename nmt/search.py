@@ -9,8 +9,11 @@ Conventions. A hypothesis's score is the sum of its token log-probabilities, EOS
 GNMT length penalty lp(Y) = ((5 + |Y|) / 6)^alpha (Wu et al., 2016, eq. 14), |Y| counting the EOS; the
 paper decodes with beam 4 and alpha 0.6 (section 6.1). A sentence may emit at most
 floor(a * |x| + b) tokens before its EOS (|x| the source length without EOS; paper: a=1, b=50), and never
-more than the model's positions allow; at that limit EOS is the only choice. PAD and BOS are never
-emitted; UNK is. Log-softmax runs in at least float32, whatever the model's dtype.
+more than the model's positions allow; at that limit EOS is the only choice. Before `min_len` tokens EOS is
+forbidden (fairseq's --min-len; default 1, so a real sentence never gets an empty translation: an EOS
+first has lp = 1 and would otherwise beat every longer hypothesis); where the length limit is shorter,
+the limit wins. PAD and BOS are never emitted; UNK is. Log-softmax runs in at least float32, whatever the
+model's dtype.
 
 Beam bookkeeping follows fairseq: each step takes the 2K best one-token extensions of a sentence's K live
 hypotheses (2K, so K live ones remain even when K of them end in EOS); an EOS among the K best finishes a
@@ -68,22 +71,33 @@ def score_dtype(memory: Tensor) -> torch.dtype:
     return torch.promote_types(memory.dtype, torch.float32)
 
 
-def token_masks(vocab: int, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Tensor]:
-    """Additive masks (V,): `free` forbids PAD and BOS; `eos_only` forbids everything but EOS."""
+@dataclass(frozen=True)
+class TokenMasks:
+    """Additive masks (V,), built once per search: which tokens a step may emit."""
+
+    free: Tensor  # forbids PAD and BOS
+    no_eos: Tensor  # forbids PAD, BOS and EOS: before min_len
+    eos_only: Tensor  # forbids everything but EOS: at the length limit
+
+
+def token_masks(vocab: int, dtype: torch.dtype, device: torch.device) -> TokenMasks:
     free = torch.zeros(vocab, dtype=dtype, device=device)
     free[[PAD, BOS]] = -math.inf
+    no_eos = free.clone()
+    no_eos[EOS] = -math.inf
     eos_only = torch.full((vocab,), -math.inf, dtype=dtype, device=device)
     eos_only[EOS] = 0.0
-    return free, eos_only
+    return TokenMasks(free, no_eos, eos_only)
 
 
-def step_log_probs(logits: Tensor, at_limit: Tensor, free: Tensor, eos_only: Tensor) -> Tensor:
+def step_log_probs(logits: Tensor, at_limit: Tensor, masks: TokenMasks, before_min: bool) -> Tensor:
     """log p(w | y_<t, x) = log_softmax(logits) in the masks' dtype, masked: (N, V), (N,) bool -> (N, V).
 
-    Rows at their length limit may only emit EOS; no row may emit PAD or BOS.
+    Rows at their length limit may only emit EOS; before min_len no row may emit EOS; no row may emit
+    PAD or BOS.
     """
-    lprobs = torch.log_softmax(logits.to(free.dtype), dim=-1)
-    return lprobs + torch.where(at_limit[:, None], eos_only, free)
+    lprobs = torch.log_softmax(logits.to(masks.free.dtype), dim=-1)
+    return lprobs + torch.where(at_limit[:, None], masks.eos_only, masks.no_eos if before_min else masks.free)
 
 
 def expand_scores(scores: Tensor, lprobs: Tensor) -> Tensor:
@@ -171,7 +185,7 @@ def hypotheses(scores: Tensor, tokens: Tensor, n: int) -> list[list[Hypothesis]]
 
 @torch.no_grad()
 def greedy_search(
-    model, src: Tensor, max_len_a: float, max_len_b: int, lenpen: float = 0.0
+    model, src: Tensor, max_len_a: float, max_len_b: int, lenpen: float = 0.0, min_len: int = 1
 ) -> list[Hypothesis]:
     """The most probable next token at every step. `lenpen` only scales the reported score (as beam 1's).
 
@@ -183,7 +197,7 @@ def greedy_search(
     memory, src_keep = model.encode(src)
     state = model.init_state(memory, src_keep, steps)
     dtype = score_dtype(memory)
-    free, eos_only = token_masks(model.vocab_size, dtype, src.device)
+    masks = token_masks(model.vocab_size, dtype, src.device)
 
     ids = torch.arange(b, device=src.device)  # original sentence of each row
     alive = torch.ones(b, dtype=torch.bool, device=src.device)  # sentences still searching
@@ -195,7 +209,7 @@ def greedy_search(
     for t in range(steps):
         # 1. one decoder step for every live sentence
         logits, state = model.step(last, state)
-        lprobs = step_log_probs(logits, max_lens <= t, free, eos_only)  # (B, V)
+        lprobs = step_log_probs(logits, max_lens <= t, masks, t < min_len)  # (B, V)
         # 2. the best token
         best, last = lprobs.max(dim=1)  # (B,)
         raw = raw + best
@@ -218,7 +232,14 @@ def greedy_search(
 
 @torch.no_grad()
 def beam_search(
-    model, src: Tensor, beam: int, lenpen: float, max_len_a: float, max_len_b: int, nbest: int = 1
+    model,
+    src: Tensor,
+    beam: int,
+    lenpen: float,
+    max_len_a: float,
+    max_len_b: int,
+    nbest: int = 1,
+    min_len: int = 1,
 ) -> list[list[Hypothesis]]:
     """Beam search (module docstring) -> the `nbest` best hypotheses of each sentence, best first.
 
@@ -235,7 +256,7 @@ def beam_search(
     state = model.init_state(memory, src_keep, steps)
     state = model.select_rows(state, torch.arange(b, device=dev).repeat_interleave(k))
     dtype = score_dtype(memory)
-    free, eos_only = token_masks(model.vocab_size, dtype, dev)
+    masks = token_masks(model.vocab_size, dtype, dev)
 
     ids = torch.arange(b, device=dev)  # original sentence of each live sentence
     alive = torch.ones(b, dtype=torch.bool, device=dev)  # sentences still searching
@@ -250,7 +271,7 @@ def beam_search(
     for t in range(steps):
         # 1. one decoder step for every live hypothesis
         logits, state = model.step(last, state)
-        lprobs = step_log_probs(logits, (max_lens <= t).repeat_interleave(k), free, eos_only)  # (B*K, V)
+        lprobs = step_log_probs(logits, (max_lens <= t).repeat_interleave(k), masks, t < min_len)  # (B*K, V)
         # 2. the 2K best one-token extensions of each sentence
         cand_scores, cand_beams, cand_tokens = top_candidates(
             expand_scores(scores, lprobs), 2 * k, lprobs.shape[1]

@@ -22,7 +22,7 @@ import torch
 from rich.console import Console
 
 from nmt.config import DecodeConfig
-from nmt.device import resolve_device, resolve_dtype
+from nmt.device import inference_dtype, resolve_device
 from nmt.errors import NmtError
 from nmt.search import EOS, PAD, Hypothesis, beam_search, greedy_search
 
@@ -126,8 +126,10 @@ class Translator(LineTranslator):
             with torch.inference_mode():
                 src = padded_sources(ids, self.device)
                 if d.beam == 1:
-                    return [[h] for h in greedy_search(model, src, d.max_len_a, d.max_len_b, d.lenpen)]
-                return beam_search(model, src, d.beam, d.lenpen, d.max_len_a, d.max_len_b, d.nbest)
+                    return [
+                        [h] for h in greedy_search(model, src, d.max_len_a, d.max_len_b, d.lenpen, d.min_len)
+                    ]
+                return beam_search(model, src, d.beam, d.lenpen, d.max_len_a, d.max_len_b, d.nbest, d.min_len)
         finally:
             model.train(was_training)
 
@@ -200,7 +202,7 @@ def load_translator(model_path: Path, decode_options: dict, device: str, dtype: 
         raise NmtError(f"--engine {engine}: expected torch or ctranslate2")
     from nmt.checkpoint import load_model
 
-    torch_dtype = resolve_dtype(dtype, torch_device)
+    torch_dtype = inference_dtype(dtype, torch_device)
     model, subword, cfg = load_model(Path(model_path), torch_device)
     decode = check_decode(dataclasses.replace(cfg.decode, **decode_options))
     return Translator(model.to(torch_dtype), subword, decode, torch_device, console), decode
@@ -213,6 +215,8 @@ def check_decode(d: DecodeConfig) -> DecodeConfig:
         raise NmtError(f"--nbest {d.nbest}: must be between 1 and the beam size ({d.beam}); raise --beam")
     if d.batch_tokens < 1:
         raise NmtError(f"--max-tokens {d.batch_tokens}: must be positive")
+    if d.min_len < 0:
+        raise NmtError(f"--min-len {d.min_len}: must be 0 or more")
     return d
 
 
@@ -231,6 +235,7 @@ def translate_stream(
     interactive: bool,
     console: Console,
     engine: str = "torch",
+    min_len: int | None = None,
 ) -> None:
     """`nmt translate`: lines from `input` (default stdin) to `output` (default stdout), in order.
 
@@ -240,7 +245,7 @@ def translate_stream(
     the scored format `index<TAB>score<TAB>text`, index the 0-based input line.
     """
     given = {"beam": beam, "lenpen": lenpen, "max_len_a": max_len_a, "max_len_b": max_len_b}
-    given |= {"batch_tokens": max_tokens, "nbest": nbest}
+    given |= {"batch_tokens": max_tokens, "nbest": nbest, "min_len": min_len}
     options = {k: v for k, v in given.items() if v is not None}
     translator, decode = load_translator(model_path, options, device, dtype, engine, console)
 

@@ -130,9 +130,40 @@ def test_max_length_is_a_times_source_length_plus_b_and_the_models_positions(bea
 
 def test_a_sentence_stops_once_no_live_hypothesis_can_beat_its_finished_ones():
     model = ScriptedModel({(): {EOS: 0.9, A: 0.05, B: 0.05}}, {A: 0.99, EOS: 0.01})
-    (hyps,) = beam_search(model, SRC, beam=2, lenpen=0.0, max_len_a=1.0, max_len_b=10)
+    (hyps,) = beam_search(model, SRC, beam=2, lenpen=0.0, max_len_a=1.0, max_len_b=10, min_len=0)
     assert hyps[0].tokens == [] and hyps[0].score == pytest.approx(math.log(0.9))
     assert model.steps == 1  # "a" or "b" start at log 0.05 and can only fall
+
+
+# EOS first is by far the likeliest sequence (lp(1) = 1), as a trained model's empty translations are.
+EOS_FIRST = {(): {EOS: 0.7, A: 0.2, B: 0.1}, (A,): {EOS: 0.95, A: 0.05}, (B,): {EOS: 0.95, A: 0.05}}
+
+
+@pytest.mark.parametrize("beam", [1, 2, 4])
+def test_min_len_forbids_an_empty_translation(beam):
+    model = ScriptedModel(EOS_FIRST, {EOS: 0.5, A: 0.5})
+    (empty,) = beam_search(model, SRC, beam, 0.6, 1.0, 10, min_len=0)
+    assert empty[0].tokens == []  # what min_len 0 (and the old default) gives
+    (hyps,) = beam_search(model, SRC, beam, 0.6, 1.0, 10, nbest=min(beam, 2))
+    assert all(len(h.tokens) >= 1 for h in hyps)
+    # the best non-empty hypothesis, scored as any other
+    assert hyps[0].tokens == [A]
+    assert hyps[0].score == pytest.approx((math.log(0.2) + math.log(0.95)) / length_penalty(2, 0.6))
+    if beam > 1:
+        assert hyps[1].tokens == [B]
+    (greedy,) = greedy_search(model, SRC, 1.0, 10, lenpen=0.6)
+    assert greedy.tokens == [A]  # greedy takes the likeliest non-EOS first token, then ends
+    (longer,) = beam_search(model, SRC, beam, 0.6, 1.0, 10, min_len=3)
+    assert len(longer[0].tokens) >= 3
+    assert len(greedy_search(model, SRC, 1.0, 10, min_len=3)[0].tokens) >= 3
+
+
+def test_the_length_limit_wins_over_min_len():
+    model = ScriptedModel(EOS_FIRST, {EOS: 0.9, A: 0.1})
+    src = torch.tensor([[7, EOS]])  # limit: 0 * 1 + 2 = 2 tokens
+    (hyps,) = beam_search(model, src, 2, 0.6, max_len_a=0.0, max_len_b=2, min_len=5)
+    assert len(hyps[0].tokens) == 2
+    assert len(greedy_search(model, src, 0.0, 2, min_len=5)[0].tokens) == 2
 
 
 def test_length_penalty_and_bound_formulas():
