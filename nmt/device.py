@@ -26,20 +26,30 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     return torch.device(f"cuda:{number}")
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+def resolve_dtype(name: str, device: torch.device, cpu_bf16: bool = True) -> torch.dtype:
     """auto is bf16 where the hardware multiplies bf16 natively, else fp32.
 
     On a GPU that is any bf16-capable CUDA device; on a CPU it takes AVX512-BF16 or AMX (oneDNN's check):
     there bf16 matmuls run several times faster than fp32, while on an AVX2-only CPU they are emulated
-    and hundreds of times slower.
+    and hundreds of times slower. `cpu_bf16=False` keeps the CPU at fp32 (translation: see
+    inference_dtype).
     """
     name = name.strip().lower()
     if name == "auto":
         if device.type == "cuda":
             bf16 = torch.cuda.is_bf16_supported()
         else:
-            bf16 = device.type == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+            bf16 = cpu_bf16 and device.type == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported()
         return torch.bfloat16 if bf16 else torch.float32
     if name not in DTYPES:
         raise NmtError(f"precision {name!r}: expected auto, fp32, bf16 or fp16")
     return DTYPES[name]
+
+
+def inference_dtype(name: str, device: torch.device) -> torch.dtype:
+    """Weights' dtype for translation: auto is bf16 on a CUDA GPU that has it, fp32 elsewhere.
+
+    On a CPU, bf16 weights change translations against the fp32 model that validation and the reported
+    scores use, and make them depend on the batch; CPU translation keeps fp32 unless asked.
+    """
+    return resolve_dtype(name, device, cpu_bf16=False)
