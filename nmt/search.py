@@ -25,6 +25,15 @@ hypothesis, the K best others stay live. A sentence stops, and leaves the batch,
   (c) it reaches its length limit, where every live hypothesis is forced to finish.
 Rule (a) can stop while a live hypothesis could still, in principle, overtake the finished ones under a
 positive alpha; Sockeye and fairseq accept this too, and it keeps beam 1 identical to greedy.
+
+Options that reshape each step's distribution, the same in both searches (fairseq's names):
+- `no_repeat_ngram`: a token that would complete an n-gram already in the hypothesis is forbidden.
+- `prefix`: forced first tokens per sentence (B, P), PAD-filled; the translation continues them. Their
+  log-probs count in the score (it is the probability of the whole output), and the length limit is at
+  least the prefix's length.
+- Sampling (greedy's loop with `sampler`): the next token is drawn from the step's distribution, sharpened
+  or flattened by a temperature and cut to the top-k tokens or the smallest set holding top-p of the
+  mass; the score is the model's own log-probability of what was drawn.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from nmt.model import PAD_ID
@@ -57,13 +67,19 @@ def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
     return ((5 + length) / 6) ** alpha
 
 
-def max_output_lengths(src: Tensor, a: float, b: int, max_positions: int) -> Tensor:
+def max_output_lengths(
+    src: Tensor, a: float, b: int, max_positions: int, prefix: Tensor | None = None
+) -> Tensor:
     """Tokens allowed before the EOS: floor(a * |x| + b), |x| = source length without EOS: (B, S) -> (B,).
 
-    Capped at max_positions - 1 so that BOS + tokens, the decoder's inputs, fit its positions.
+    At least the length of a forced prefix (B, P); capped at max_positions - 1 so that BOS + tokens, the
+    decoder's inputs, fit its positions.
     """
     src_len = (src != PAD).sum(1) - 1  # (B,)
-    return (a * src_len + b).floor().long().clamp(0, max_positions - 1)
+    limit = (a * src_len + b).floor().long()
+    if prefix is not None:
+        limit = torch.maximum(limit, (prefix != PAD).sum(1))
+    return limit.clamp(0, max_positions - 1)
 
 
 def score_dtype(memory: Tensor) -> torch.dtype:
@@ -98,6 +114,55 @@ def step_log_probs(logits: Tensor, at_limit: Tensor, masks: TokenMasks, before_m
     """
     lprobs = torch.log_softmax(logits.to(masks.free.dtype), dim=-1)
     return lprobs + torch.where(at_limit[:, None], masks.eos_only, masks.no_eos if before_min else masks.free)
+
+
+def block_repeated_ngrams(lprobs: Tensor, history: Tensor, n: int) -> Tensor:
+    """Forbid every token that would complete an n-gram already in `history`: (N, V), (N, t) -> (N, V).
+
+    The n-grams of the history whose first n-1 tokens equal its last n-1 tokens name the banned tokens.
+    """
+    t = history.shape[1]
+    if n <= 0 or t < n:
+        return lprobs
+    windows = history.unfold(1, n, 1)  # (N, t-n+1, n) every n-gram so far
+    recent = history[:, t - n + 1 :]  # (N, n-1)
+    match = (windows[:, :, :-1] == recent[:, None, :]).all(-1)  # (N, t-n+1)
+    hits = torch.zeros(lprobs.shape, dtype=torch.int32, device=lprobs.device)
+    hits.scatter_add_(1, windows[:, :, -1], match.int())  # (N, V) how often each token would repeat one
+    return lprobs.masked_fill(hits > 0, -math.inf)
+
+
+def force_prefix(lprobs: Tensor, prefix: Tensor | None, t: int) -> Tensor:
+    """Rows whose prefix has a token at position t may emit only that token: (N, V), (N, P) -> (N, V)."""
+    if prefix is None or t >= prefix.shape[1]:
+        return lprobs
+    forced = prefix[:, t]  # (N,) PAD where a row's prefix is shorter
+    others = F.one_hot(forced, lprobs.shape[1]) == 0  # (N, V)
+    return lprobs.masked_fill(others & (forced != PAD)[:, None], -math.inf)
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """Draws the next token instead of taking the best: temperature, then top-k and top-p cuts."""
+
+    topk: int = 0  # 0: no cut
+    topp: float = 1.0  # 1.0: no cut
+    temperature: float = 1.0
+    generator: torch.Generator | None = None
+
+    def __call__(self, lprobs: Tensor) -> tuple[Tensor, Tensor]:
+        """(N, V) log-probs -> the drawn tokens' log-probs and the tokens, each (N,)."""
+        logits = lprobs / self.temperature
+        if self.topk > 0:
+            top = logits.topk(min(self.topk, logits.shape[1]), dim=1)  # (N, k)
+            logits = torch.full_like(logits, -math.inf).scatter_(1, top.indices, top.values)
+        if self.topp < 1.0:
+            probs, order = logits.softmax(dim=1).sort(dim=1, descending=True)  # (N, V)
+            # keep the smallest set whose mass reaches topp: a token stays if the mass before it is short
+            outside = (probs.cumsum(dim=1) - probs) >= self.topp
+            logits = logits.masked_fill(outside.scatter(1, order, outside), -math.inf)
+        tokens = torch.multinomial(logits.softmax(dim=1), 1, generator=self.generator).squeeze(1)
+        return lprobs.gather(1, tokens[:, None]).squeeze(1), tokens
 
 
 def expand_scores(scores: Tensor, lprobs: Tensor) -> Tensor:
@@ -185,14 +250,23 @@ def hypotheses(scores: Tensor, tokens: Tensor, n: int) -> list[list[Hypothesis]]
 
 @torch.no_grad()
 def greedy_search(
-    model, src: Tensor, max_len_a: float, max_len_b: int, lenpen: float = 0.0, min_len: int = 1
+    model,
+    src: Tensor,
+    max_len_a: float,
+    max_len_b: int,
+    lenpen: float = 0.0,
+    min_len: int = 1,
+    no_repeat_ngram: int = 0,
+    prefix: Tensor | None = None,
+    sampler: Sampler | None = None,
 ) -> list[Hypothesis]:
-    """The most probable next token at every step. `lenpen` only scales the reported score (as beam 1's).
+    """The most probable next token at every step, or a drawn one with a `sampler`. `lenpen` only scales
+    the reported score (as beam 1's).
 
-    src: (B, S) right-padded ids, each row ending in EOS.
+    src: (B, S) right-padded ids, each row ending in EOS; prefix: (B, P) forced first tokens or None.
     """
     b = src.shape[0]
-    max_lens = max_output_lengths(src, max_len_a, max_len_b, model.cfg.max_positions)  # (B,)
+    max_lens = max_output_lengths(src, max_len_a, max_len_b, model.cfg.max_positions, prefix)  # (B,)
     steps = int(max_lens.max()) + 1  # decoder positions: BOS + up to max_len tokens
     memory, src_keep = model.encode(src)
     state = model.init_state(memory, src_keep, steps)
@@ -210,8 +284,9 @@ def greedy_search(
         # 1. one decoder step for every live sentence
         logits, state = model.step(last, state)
         lprobs = step_log_probs(logits, max_lens <= t, masks, t < min_len)  # (B, V)
-        # 2. the best token
-        best, last = lprobs.max(dim=1)  # (B,)
+        lprobs = force_prefix(block_repeated_ngrams(lprobs, seqs[:, :t], no_repeat_ngram), prefix, t)
+        # 2. the best token, or a drawn one
+        best, last = lprobs.max(dim=1) if sampler is None else sampler(lprobs)  # (B,)
         raw = raw + best
         done = (last == EOS) & alive
         seqs[:, t] = last.masked_fill(last == EOS, PAD)
@@ -226,6 +301,7 @@ def greedy_search(
         if n_dead * COMPACT_EVERY >= len(alive):
             keep = alive.nonzero().squeeze(1)
             ids, raw, seqs, last, max_lens, alive = (x[keep] for x in (ids, raw, seqs, last, max_lens, alive))
+            prefix = prefix[keep] if prefix is not None else None
             state = model.select_rows(state, keep)
     return [h[0] for h in hypotheses(out_scores[:, None], out_tokens[:, None], 1)]
 
@@ -240,16 +316,19 @@ def beam_search(
     max_len_b: int,
     nbest: int = 1,
     min_len: int = 1,
+    no_repeat_ngram: int = 0,
+    prefix: Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     """Beam search (module docstring) -> the `nbest` best hypotheses of each sentence, best first.
 
-    src: (B, S) right-padded ids, each row ending in EOS. Rows of the decoder state are sentence-major:
-    row i * K + j is beam j of sentence i.
+    src: (B, S) right-padded ids, each row ending in EOS; prefix: (B, P) forced first tokens or None.
+    Rows of the decoder state are sentence-major: row i * K + j is beam j of sentence i.
     """
     if not 1 <= nbest <= beam:
         raise ValueError(f"nbest {nbest} must be between 1 and the beam size {beam}")
     b, k, dev = src.shape[0], beam, src.device
-    max_lens = max_output_lengths(src, max_len_a, max_len_b, model.cfg.max_positions)  # (B,)
+    max_lens = max_output_lengths(src, max_len_a, max_len_b, model.cfg.max_positions, prefix)  # (B,)
+    prefix = prefix.repeat_interleave(k, dim=0) if prefix is not None else None  # (B*K, P)
     steps = int(max_lens.max()) + 1  # decoder positions: BOS + up to max_len tokens
     memory, src_keep = model.encode(src)
     # Encoder keys/values are projected once per sentence, then copied to its K rows.
@@ -272,6 +351,7 @@ def beam_search(
         # 1. one decoder step for every live hypothesis
         logits, state = model.step(last, state)
         lprobs = step_log_probs(logits, (max_lens <= t).repeat_interleave(k), masks, t < min_len)  # (B*K, V)
+        lprobs = force_prefix(block_repeated_ngrams(lprobs, seqs[:, :t], no_repeat_ngram), prefix, t)
         # 2. the 2K best one-token extensions of each sentence
         cand_scores, cand_beams, cand_tokens = top_candidates(
             expand_scores(scores, lprobs), 2 * k, lprobs.shape[1]
@@ -303,6 +383,7 @@ def beam_search(
             ids, max_lens, scores, alive = ids[keep], max_lens[keep], scores[keep], alive[keep]
             fin_scores, fin_tokens = fin_scores[keep], fin_tokens[keep]
             seqs, last = seqs[keep_rows], last[keep_rows]
+            prefix = prefix[keep_rows] if prefix is not None else None
             offsets = offsets[: keep.numel()]
             state = model.select_rows(state, keep_rows)
     return hypotheses(out_scores, out_tokens, nbest)

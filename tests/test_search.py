@@ -289,3 +289,98 @@ def test_nbest_are_distinct_and_best_first():
         assert all(w not in (PAD, BOS, EOS) for h in hyps for w in h.tokens)
     with pytest.raises(ValueError):
         beam_search(model, pad(sources), 2, 0.6, 1.0, 6, nbest=3)
+
+
+# ---- options that reshape each step: n-gram blocking, prefixes, sampling ------------------------------
+
+
+def ngrams(tokens: list[int], n: int) -> list[tuple[int, ...]]:
+    return [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+@pytest.mark.parametrize("beam", [1, 3])
+def test_no_repeat_ngram_never_repeats_an_ngram(n, beam):
+    repeats = {A: 0.55, B: 0.3, UNK: 0.1, EOS: 0.05}  # without blocking: a a a a ...
+    src = torch.tensor([[7, 7, 7, 7, 7, 7, EOS]])
+    (plain,) = beam_search(ScriptedModel({}, repeats), src, beam, 0.0, 1.0, 4)
+    assert len(set(ngrams(plain[0].tokens, n))) < len(ngrams(plain[0].tokens, n))  # it would repeat
+    (hyps,) = beam_search(ScriptedModel({}, repeats), src, beam, 0.0, 1.0, 4, nbest=beam, no_repeat_ngram=n)
+    (greedy,) = greedy_search(ScriptedModel({}, repeats), src, 1.0, 4, no_repeat_ngram=n)
+    for tokens in [h.tokens for h in hyps] + [greedy.tokens]:
+        assert len(set(ngrams(tokens, n))) == len(ngrams(tokens, n)), tokens
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_a_prefix_is_continued_exactly_and_scored(beam):
+    model = ScriptedModel({}, {A: 0.7, EOS: 0.2, B: 0.1})
+    src = torch.tensor([[7, 7, EOS], [7, EOS, PAD]])
+    prefix = torch.tensor([[B, B, A], [B, PAD, PAD]])  # the second sentence's prefix is shorter
+    hyps = beam_search(model, src, beam, 0.0, 0.0, 1, prefix=prefix)  # limit 1 < prefix: the prefix wins
+    assert hyps[0][0].tokens[:3] == [B, B, A] and hyps[1][0].tokens[:1] == [B]
+    greedy = greedy_search(ScriptedModel({}, {A: 0.7, EOS: 0.2, B: 0.1}), src, 0.0, 1, prefix=prefix)
+    assert greedy[0].tokens == [B, B, A] and greedy[1].tokens == [B]  # forced, then the limit's EOS
+    p = {A: 0.7, EOS: 0.2, B: 0.1}
+    assert greedy[1].score == pytest.approx(math.log(p[B]) + math.log(p[EOS]))
+
+
+def sample_all(model, src, n, **kw):
+    from nmt.search import Sampler
+
+    g = torch.Generator().manual_seed(kw.pop("seed", 0))
+    return greedy_search(model, src.repeat(n, 1), 1.0, 6, sampler=Sampler(generator=g, **kw))
+
+
+def test_sampling_repeats_with_a_seed_and_varies_without():
+    model = ScriptedModel({}, {A: 0.4, B: 0.3, UNK: 0.2, EOS: 0.1})
+    first = [h.tokens for h in sample_all(model, SRC, 30, seed=5)]
+    assert first == [h.tokens for h in sample_all(model, SRC, 30, seed=5)]
+    assert first != [h.tokens for h in sample_all(model, SRC, 30, seed=6)]
+    assert len({tuple(t) for t in first}) > 5
+
+
+def test_sampling_top_k_one_is_greedy_and_never_leaves_the_top_k():
+    model, src = random_model(5), pad(random_sources(5, 6))
+    assert [h.tokens for h in sample_all(model, src, 1, topk=1)] == [
+        h.tokens for h in greedy_search(model, src, 1.0, 6)
+    ]
+    dist = {A: 0.35, B: 0.3, UNK: 0.25, EOS: 0.1}  # top-2: a, b
+    for h in sample_all(ScriptedModel({}, dist), SRC, 40, topk=2, temperature=3.0):
+        assert set(h.tokens) <= {A, B}
+    for h in sample_all(ScriptedModel({}, dist), SRC, 40, topp=0.6):  # a + b hold 0.65 >= 0.6
+        assert set(h.tokens) <= {A, B}
+
+
+# ---- ensembles ------------------------------------------------------------------------------------
+
+
+def test_an_ensemble_of_one_model_is_that_model():
+    from nmt.ensemble import Ensemble
+
+    model, src = random_model(6), pad(random_sources(6, 5))
+    alone = beam_search(model, src, 4, 0.6, 1.0, 6, nbest=2)
+    together = beam_search(Ensemble([model]), src, 4, 0.6, 1.0, 6, nbest=2)
+    assert [[h.tokens for h in hs] for hs in together] == [[h.tokens for h in hs] for hs in alone]
+    assert [h.score for hs in together for h in hs] == pytest.approx([h.score for hs in alone for h in hs])
+    assert greedy_search(Ensemble([model]), src, 1.0, 6) == greedy_search(model, src, 1.0, 6)
+
+
+def test_an_ensemble_picks_what_the_averaged_distribution_says():
+    from nmt.ensemble import Ensemble
+
+    # one model is sure of "a", the other mildly prefers "b": the average, 0.5 * (0.9 + 0.05) = 0.475 for
+    # "a" against 0.5 * (0.05 + 0.6) = 0.325 for "b", picks "a"; the second model alone picks "b".
+    first = {(): {A: 0.9, B: 0.05, EOS: 0.05}}
+    second = {(): {A: 0.05, B: 0.6, EOS: 0.35}}
+    then = {EOS: 0.9, UNK: 0.1}
+    (alone,) = greedy_search(ScriptedModel(second, then), SRC, 1.0, 5)
+    assert alone.tokens == [B]
+    ensemble = Ensemble([ScriptedModel(first, then), ScriptedModel(second, then)])
+    (greedy,) = greedy_search(ensemble, SRC, 1.0, 5)
+    assert greedy.tokens == [A]
+    assert greedy.score == pytest.approx(math.log(0.475) + math.log(0.9))
+    (hyps,) = beam_search(
+        Ensemble([ScriptedModel(first, then), ScriptedModel(second, then)]), SRC, 2, 0.0, 1.0, 5, 2
+    )
+    assert [h.tokens for h in hyps] == [[A], [B]]
+    assert hyps[1].score == pytest.approx(math.log(0.325) + math.log(0.9))
