@@ -153,10 +153,10 @@ def worker() -> None:
         model, subword, _ = load_model(Path(job["checkpoint"]), device)
         translator = Translator(model.to(DTYPES[job["compute"]]), subword, decode, device)
     else:
-        from nmt.ctranslate2_engine import CT2Translator
+        from nmt.translate import ctranslate2_translator
 
         rss_imports = max_rss()
-        translator = CT2Translator(
+        translator = ctranslate2_translator(
             Path(job["ct2_dir"]), decode, job["device"], job["compute"], job["threads"]
         )
         subword = translator.subword

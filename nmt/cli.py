@@ -173,7 +173,12 @@ def export(
 
 @app.command()
 def translate(
-    model: Annotated[Path, typer.Option("--model", "-m", help="Checkpoint from nmt train or nmt average.")],
+    model: Annotated[
+        list[Path],
+        typer.Option(
+            "--model", "-m", help="Checkpoint from nmt train or nmt average; repeat it to decode an ensemble."
+        ),
+    ],
     input: Annotated[Path | None, typer.Option("--input", "-i", help="Input file; default stdin.")] = None,
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Output file; default stdout.")
@@ -195,9 +200,34 @@ def translate(
     nbest: Annotated[
         int | None,
         typer.Option(
-            help="Print up to N hypotheses per input line, best first, as index<TAB>score<TAB>text; "
-            "index is the 0-based input line number, score the length-normalized log-probability."
+            help="Print up to N hypotheses (samples with --sampling) per input line, best first, as "
+            "index<TAB>score<TAB>text; index is the 0-based input line number, score the "
+            "length-normalized log-probability."
         ),
+    ] = None,
+    no_repeat_ngram_size: Annotated[
+        int | None, typer.Option(help="Never repeat an n-gram of this size in a translation (0: off).")
+    ] = None,
+    prefix: Annotated[
+        Path | None,
+        typer.Option(
+            help="File of target prefixes, one per input line (blank: none); each translation "
+            "continues its own."
+        ),
+    ] = None,
+    sampling: Annotated[
+        bool | None,
+        typer.Option("--sampling", help="Draw each token instead of searching (back-translation)."),
+    ] = None,
+    sampling_topk: Annotated[int | None, typer.Option(help="Draw from the K likeliest tokens only.")] = None,
+    sampling_topp: Annotated[
+        float | None, typer.Option(help="Draw from the smallest set of tokens holding probability P.")
+    ] = None,
+    temperature: Annotated[
+        float | None, typer.Option(help="Sampling temperature: below 1 sharpens, above 1 flattens.")
+    ] = None,
+    seed: Annotated[
+        int | None, typer.Option(help="Random seed for sampling: the same seed, the same output.")
     ] = None,
     device: Annotated[str, typer.Option(help="auto (CUDA if available), cpu, cuda or cuda:N.")] = "auto",
     dtype: Annotated[
@@ -220,25 +250,39 @@ def translate(
       cat in.en | nmt translate -m runs/multi30k-en-de/checkpoints/average.pt > out.de
       nmt translate -m model.pt -i in.en -o out.de --beam 4 --lenpen 0.6
       nmt translate -m model.pt -i in.en --nbest 4 --beam 8
+      nmt translate -m a.pt -m b.pt -i in.en                  # ensemble of two models
+      nmt translate -m model.pt -i mono.de --sampling --sampling-topk 10 --seed 1   # back-translation
+      nmt translate -m model.pt -i in.en --prefix starts.de --no-repeat-ngram-size 3
     """
     from nmt.translate import translate_stream
 
+    given = {
+        "beam": beam,
+        "lenpen": lenpen,
+        "max_len_a": max_len_a,
+        "max_len_b": max_len_b,
+        "min_len": min_len,
+        "batch_tokens": max_tokens,
+        "nbest": nbest,
+        "no_repeat_ngram_size": no_repeat_ngram_size,
+        "sampling": sampling,
+        "sampling_topk": sampling_topk,
+        "sampling_topp": sampling_topp,
+        "temperature": temperature,
+        "seed": seed,
+    }
     translate_stream(
         model,
         input=input,
         output=output,
-        beam=beam,
-        lenpen=lenpen,
-        max_len_a=max_len_a,
-        max_len_b=max_len_b,
-        max_tokens=max_tokens,
-        nbest=nbest,
+        decode_options={k: v for k, v in given.items() if v is not None},
         device=device,
         dtype=dtype,
         interactive=interactive,
         console=err,
         engine=engine,
-        min_len=min_len,
+        prefix=prefix,
+        scored=nbest is not None,
     )
 
 

@@ -114,7 +114,13 @@ class DecodeConfig:
     max_len_b: int = 50
     min_len: int = 1  # tokens before EOS may end a hypothesis: a real sentence never translates to nothing
     batch_tokens: int = 8192
-    nbest: int = 1
+    nbest: int = 1  # hypotheses per input; with sampling, samples per input
+    no_repeat_ngram_size: int = 0  # > 0: no n-gram of this size twice in a translation
+    sampling: bool = False  # draw each token instead of searching (back-translation)
+    sampling_topk: int = 0  # draw from the k likeliest tokens only; 0: all
+    sampling_topp: float = 1.0  # draw from the smallest set holding this much probability
+    temperature: float = 1.0  # < 1 sharpens, > 1 flattens the distribution drawn from
+    seed: int = 1  # the same seed, input and settings give the same samples
 
 
 @dataclass(frozen=True)
@@ -281,7 +287,15 @@ def _check(cfg: Config, source: str) -> None:
         f"{t.device!r} is not auto, cpu, cuda or cuda:N",
     )
     need(d.beam >= 1, "decode.beam", "must be at least 1")
-    need(1 <= d.nbest <= d.beam, "decode.nbest", "must be between 1 and decode.beam")
+    need(
+        d.nbest >= 1 and (d.sampling or d.nbest <= d.beam),
+        "decode.nbest",
+        "must be between 1 and decode.beam",
+    )
+    need(d.no_repeat_ngram_size >= 0, "decode.no_repeat_ngram_size", "must be 0 or more")
+    need(d.sampling_topk >= 0, "decode.sampling_topk", "must be 0 (no cut) or more")
+    need(0.0 < d.sampling_topp <= 1.0, "decode.sampling_topp", "must be in (0, 1]")
+    need(d.temperature > 0, "decode.temperature", "must be positive")
     need(d.batch_tokens > 0, "decode.batch_tokens", "must be positive")
     need(d.min_len >= 0, "decode.min_len", "must be 0 or more")
     need(data.vocab_size >= 16, "data.vocab_size", "must be at least 16")

@@ -1,9 +1,9 @@
-"""Translation with CTranslate2 over a folder written by `nmt export --format ctranslate2`.
+"""The CTranslate2 engine, over a folder written by `nmt export --format ctranslate2`.
 
-Same contract as nmt.translate.Translator: one result per input line, in order; blank lines give empty
-results without reaching CTranslate2; lines longer than the model's positions are truncated. Batches are
-the torch engine's own (nmt.translate.token_batches: sentences x beam x longest source <= batch_tokens),
-so both engines see the same batches.
+A sibling of nmt.torch_engine under the same front end (nmt.translate.LineTranslator): subword ids in,
+n-best hypotheses out, nothing of lines or files; so both engines see the same batches. Decode options map
+to CTranslate2's own: min_len -> min_decoding_length, no_repeat_ngram_size, prefixes -> target_prefix,
+sampling -> sampling_topk / sampling_topp / sampling_temperature with a random seed set once.
 
 How nmt.search's conventions are obtained from CTranslate2's beam search:
 - Stopping: a sentence stops once K hypotheses have finished, as ours (rule (a)). CTranslate2 does so
@@ -16,6 +16,8 @@ How nmt.search's conventions are obtained from CTranslate2's beam search:
   BOS before its softmax where nmt.search masks them after it, so its log-probs are renormalized over
   the other tokens: scores come out slightly higher (by the mass the model puts on PAD and BOS, about
   0.01 a token for a model trained with label smoothing), and near-ties can rank differently.
+- Prefixes: CTranslate2's scores leave out the forced prefix's log-probs where nmt.search counts them,
+  so with beam > 1 and a prefix the length-normalized reranking can pick another hypothesis.
 - Length limit: floor(a * |x| + b) tokens before the EOS. CTranslate2 has one limit per batch, so it
   decodes up to the batch's largest limit and longer hypotheses are cut at their sentence's limit. At a
   limit our search forces EOS where CTranslate2 cuts the hypothesis; outputs can differ only for
@@ -28,14 +30,11 @@ import json
 import math
 from pathlib import Path
 
-from rich.console import Console
-
 from nmt.config import DecodeConfig
 from nmt.errors import NmtError
 from nmt.export import import_ctranslate2, read_meta
 from nmt.search import Hypothesis
-from nmt.subword import BOS, EOS, PAD, Subword
-from nmt.translate import LineTranslator
+from nmt.subword import BOS, EOS, PAD
 
 NO_PENALTY = 1e-9  # non-zero, so CTranslate2 waits for K finished hypotheses; |Y|^1e-9 == 1.0 in float32
 
@@ -45,8 +44,10 @@ def gnmt_score(raw: float, length: int, alpha: float) -> float:
     return raw / ((5 + length) / 6) ** alpha
 
 
-class CT2Translator(LineTranslator):
-    """The CTranslate2 engine: an exported model folder, searched by CTranslate2, reranked as nmt.search."""
+class CT2Engine:
+    """An exported model folder, searched by CTranslate2, reranked as nmt.search."""
+
+    name = "ctranslate2"
 
     def __init__(
         self,
@@ -55,13 +56,14 @@ class CT2Translator(LineTranslator):
         device: str = "cpu",
         compute_type: str = "default",
         threads: int | None = None,
-        console: Console | None = None,
     ):
         ct2 = import_ctranslate2()
         model_dir = Path(model_dir)
         meta = read_meta(model_dir)
+        self.decode = decode
         self.max_positions = int(meta["max_positions"])
-        super().__init__(Subword.load(model_dir / "spm.model"), decode, self.max_positions, console)
+        if decode.sampling:
+            ct2.set_random_seed(decode.seed)
         self.pieces: list[str] = json.loads((model_dir / "shared_vocabulary.json").read_text("utf-8"))
         self.ids = {piece: i for i, piece in enumerate(self.pieces)}
         kind, _, index = device.partition(":")
@@ -86,18 +88,30 @@ class CT2Translator(LineTranslator):
             max(0, min(math.floor(d.max_len_a * len(x) + d.max_len_b), self.max_positions - 1)) for x in ids
         ]
 
-    def search(self, ids: list[list[int]]) -> list[list[Hypothesis]]:
+    def search(self, ids: list[list[int]], prefixes: list[list[int]] | None = None) -> list[list[Hypothesis]]:
         """The n best (token ids, GNMT-normalized score) of each source, best first."""
         d = self.decode
         limits = self.limits(ids)
+        if prefixes is not None:  # at least the prefix, as nmt.search.max_output_lengths
+            limits = [max(limit, len(p)) for limit, p in zip(limits, prefixes, strict=True)]
+        options = {}
+        if d.sampling:
+            options = dict(
+                beam_size=1,
+                num_hypotheses=d.nbest,
+                sampling_topk=d.sampling_topk,
+                sampling_topp=d.sampling_topp,
+                sampling_temperature=d.temperature,
+            )
         results = self.engine.translate_batch(
             [[self.pieces[i] for i in x] for x in ids],  # CTranslate2 appends the EOS itself
-            beam_size=d.beam,
-            num_hypotheses=d.beam,
-            length_penalty=NO_PENALTY if d.beam > 1 else 0.0,
+            target_prefix=[[self.pieces[i] for i in p] or None for p in prefixes] if prefixes else None,
+            **(options or dict(beam_size=d.beam, num_hypotheses=d.beam)),
+            length_penalty=NO_PENALTY if d.beam > 1 and not d.sampling else 0.0,
             max_input_length=0,  # already truncated above
             max_decoding_length=max(limits) + 1,  # + 1: the step that emits the EOS
             min_decoding_length=d.min_len,
+            no_repeat_ngram_size=d.no_repeat_ngram_size,
             suppress_sequences=[[self.pieces[PAD]], [self.pieces[BOS]]],
             return_scores=True,
             return_end_token=True,

@@ -24,7 +24,7 @@ from rich.console import Console
 from nmt.config import DecodeConfig
 from nmt.device import inference_dtype, resolve_device
 from nmt.errors import NmtError
-from nmt.search import EOS, PAD, Hypothesis, beam_search, greedy_search
+from nmt.torch_engine import TorchEngine
 
 CHUNK_LINES = 2000  # lines read, sorted and batched together; their translations are flushed together
 # Every character str.splitlines() breaks on: none may survive inside one output line.
@@ -52,36 +52,30 @@ def token_batches(lengths: list[int], max_tokens: int, rows_per_sentence: int) -
     return batches
 
 
-def padded_sources(ids: list[list[int]], device: torch.device) -> torch.Tensor:
-    """Source ids + EOS, right-padded: (B, S)."""
-    src = torch.full((len(ids), max(map(len, ids)) + 1), PAD, dtype=torch.long)
-    for row, seq in enumerate(ids):
-        src[row, : len(seq) + 1] = torch.tensor([*seq, EOS])
-    return src.to(device, non_blocking=True)
-
-
 class LineTranslator:
     """The engine-independent front end: encode, truncate, batch by length, detokenize, keep the order.
 
-    An engine subclasses it and provides `search(ids) -> list[list[Hypothesis]]`, the n best of each
-    source (subword ids without EOS), best first.
+    The engine (nmt.torch_engine.TorchEngine, nmt.ctranslate2_engine.CT2Engine) takes subword ids and
+    returns hypotheses; it knows nothing of lines or files: `engine.search(ids, prefixes) ->
+    list[list[Hypothesis]]`, the n best of each source (ids without EOS), best first, and
+    `engine.max_positions`.
     """
 
-    def __init__(self, subword, decode: DecodeConfig, max_positions: int, console: Console | None = None):
-        self.subword, self.decode, self.console = subword, decode, console
-        self.max_source = max_positions - 1  # subwords before the EOS
+    def __init__(self, engine, subword, decode: DecodeConfig, console: Console | None = None):
+        self.engine, self.subword, self.decode, self.console = engine, subword, decode, console
+        self.max_source = engine.max_positions - 1  # subwords before the EOS
 
-    def search(self, ids: list[list[int]]) -> list[list[Hypothesis]]:
-        raise NotImplementedError
-
-    def translate(self, lines: list[str]) -> list[str]:
+    def translate(self, lines: list[str], prefixes: list[str] | None = None) -> list[str]:
         """One translation per line, in order; blank lines give empty strings."""
-        return [nbest[0][0] for nbest in self.translate_nbest(lines)]
+        return [nbest[0][0] for nbest in self.translate_nbest(lines, prefixes=prefixes)]
 
-    def translate_nbest(self, lines: list[str], first_line: int = 1) -> list[list[tuple[str, float]]]:
+    def translate_nbest(
+        self, lines: list[str], first_line: int = 1, prefixes: list[str] | None = None
+    ) -> list[list[tuple[str, float]]]:
         """Up to decode.nbest (text, score) pairs per line, best first; a blank line gives [("", 0.0)].
 
         `first_line` numbers the lines in warnings (a stream passes the line number of lines[0]).
+        `prefixes`, one per line ("" for none), are target text each translation must begin with.
         """
         results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in lines]
         todo = [i for i, line in enumerate(lines) if line.strip()]
@@ -94,11 +88,18 @@ class LineTranslator:
                 ids = ids[: self.max_source]
             if ids:  # a line of characters the subword model drops entirely translates to nothing
                 sources[i] = ids
+        forced: dict[int, list[int]] = {}
+        if prefixes is not None:
+            keys = [i for i in sources if prefixes[i].strip()]
+            for i, ids in zip(keys, self.subword.encode([prefixes[i] for i in keys]), strict=True):
+                forced[i] = ids[: self.max_source]
         keys = list(sources)
-        beam = self.decode.beam
-        for batch in token_batches([len(sources[i]) + 1 for i in keys], self.decode.batch_tokens, beam):
+        d = self.decode
+        rows_per_sentence = d.nbest if d.sampling else d.beam  # decoder rows each sentence takes
+        for batch in token_batches([len(sources[i]) + 1 for i in keys], d.batch_tokens, rows_per_sentence):
             rows = [keys[j] for j in batch]
-            for i, hyps in zip(rows, self.search([sources[i] for i in rows]), strict=True):
+            wanted = [forced.get(i, []) for i in rows] if forced else None
+            for i, hyps in zip(rows, self.engine.search([sources[i] for i in rows], wanted), strict=True):
                 texts = self.subword.decode([h.tokens for h in hyps])
                 results[i] = [(one_line(text), h.score) for text, h in zip(texts, hyps, strict=True)]
         return results
@@ -109,29 +110,34 @@ class LineTranslator:
 
 
 class Translator(LineTranslator):
-    """The PyTorch engine: a model and its subwords, searched with nmt.search."""
+    """Lines through the PyTorch engine: a model (or an Ensemble) and its subwords."""
 
     def __init__(
         self, model, subword, decode: DecodeConfig, device: torch.device, console: Console | None = None
     ):
-        super().__init__(subword, decode, model.cfg.max_positions, console)
-        self.model, self.device = model, torch.device(device)
+        super().__init__(TorchEngine(model, decode, device), subword, decode, console)
+        self.model = model
 
-    def search(self, ids: list[list[int]]) -> list[list[Hypothesis]]:
-        """Greedy for beam 1 (the same result, less work), else beam search; eval mode, then restored."""
-        d, model = self.decode, self.model
-        was_training = model.training
-        model.eval()
-        try:
-            with torch.inference_mode():
-                src = padded_sources(ids, self.device)
-                if d.beam == 1:
-                    return [
-                        [h] for h in greedy_search(model, src, d.max_len_a, d.max_len_b, d.lenpen, d.min_len)
-                    ]
-                return beam_search(model, src, d.beam, d.lenpen, d.max_len_a, d.max_len_b, d.nbest, d.min_len)
-        finally:
-            model.train(was_training)
+
+def ctranslate2_translator(
+    model_dir: Path,
+    decode: DecodeConfig,
+    device: str = "cpu",
+    compute_type: str = "default",
+    threads: int | None = None,
+    console: Console | None = None,
+) -> LineTranslator:
+    """Lines through CTranslate2, over a folder written by `nmt export` (its own subword model)."""
+    try:
+        from nmt.ctranslate2_engine import CT2Engine
+    except ImportError as e:
+        raise NmtError(
+            f"--engine ctranslate2 is not available ({e}); pip install 'nmt[ctranslate2]'"
+        ) from None
+    from nmt.subword import Subword
+
+    engine = CT2Engine(Path(model_dir), decode, device, compute_type, threads)
+    return LineTranslator(engine, Subword.load(Path(model_dir) / "spm.model"), decode, console)
 
 
 # ---- the command line's stream ---------------------------------------------------------------------
@@ -181,96 +187,124 @@ def format_lines(nbest: list[list[tuple[str, float]]], first_index: int, scored:
     return "".join(line + "\n" for line in out).encode("utf-8", errors="replace")
 
 
-def load_translator(model_path: Path, decode_options: dict, device: str, dtype: str, engine: str, console):
+def load_translator(
+    model_path: Path | list[Path], decode_options: dict, device: str, dtype: str, engine: str, console
+):
     """The engine's translator and its decode settings: the checkpoint's, overridden by the given options.
 
-    The ctranslate2 engine takes a folder from `nmt export`, which keeps the checkpoint's decode settings.
+    Several checkpoints (torch engine) are decoded as one ensemble; they must share their subword model,
+    and the first one's decode settings apply. The ctranslate2 engine takes a folder from `nmt export`,
+    which keeps the checkpoint's decode settings.
     """
+    paths = [Path(p) for p in (model_path if isinstance(model_path, list | tuple) else [model_path])]
     torch_device = resolve_device(device)
     if engine == "ctranslate2":
+        if len(paths) > 1:
+            raise NmtError("--engine ctranslate2 decodes one model: ensembles need --engine torch")
         try:
-            from nmt.ctranslate2_engine import CT2Translator
             from nmt.export import exported_decode
         except ImportError as e:
             raise NmtError(
                 f"--engine ctranslate2 is not available ({e}); pip install 'nmt[ctranslate2]'"
             ) from None
-
-        decode = check_decode(dataclasses.replace(exported_decode(Path(model_path)), **decode_options))
-        return CT2Translator(Path(model_path), decode, str(torch_device), console=console), decode
+        decode = check_decode(dataclasses.replace(exported_decode(paths[0]), **decode_options))
+        return ctranslate2_translator(paths[0], decode, str(torch_device), console=console), decode
     if engine != "torch":
         raise NmtError(f"--engine {engine}: expected torch or ctranslate2")
     from nmt.checkpoint import load_model
 
     torch_dtype = inference_dtype(dtype, torch_device)
-    model, subword, cfg = load_model(Path(model_path), torch_device)
+    loaded = [load_model(p, torch_device) for p in paths]
+    model, subword, cfg = loaded[0]
+    for path, (_, other, _) in zip(paths[1:], loaded[1:], strict=True):
+        if other.proto != subword.proto:
+            raise NmtError(f"{path}: its subword vocabulary differs from {paths[0]}'s; an ensemble needs one")
+    if len(loaded) > 1:
+        from nmt.ensemble import Ensemble
+
+        model = Ensemble([m for m, _, _ in loaded])
     decode = check_decode(dataclasses.replace(cfg.decode, **decode_options))
     return Translator(model.to(torch_dtype), subword, decode, torch_device, console), decode
 
 
 def check_decode(d: DecodeConfig) -> DecodeConfig:
+    """The decode settings a command line can get wrong, each named by its option."""
     if d.beam < 1:
         raise NmtError(f"--beam {d.beam}: must be at least 1")
-    if not 1 <= d.nbest <= d.beam:
+    if d.nbest < 1 or (not d.sampling and d.nbest > d.beam):
         raise NmtError(f"--nbest {d.nbest}: must be between 1 and the beam size ({d.beam}); raise --beam")
-    if d.batch_tokens < 1:
-        raise NmtError(f"--max-tokens {d.batch_tokens}: must be positive")
-    if d.min_len < 0:
-        raise NmtError(f"--min-len {d.min_len}: must be 0 or more")
+    for option, value, ok in (
+        ("--max-tokens", d.batch_tokens, d.batch_tokens >= 1),
+        ("--min-len", d.min_len, d.min_len >= 0),
+        ("--no-repeat-ngram-size", d.no_repeat_ngram_size, d.no_repeat_ngram_size >= 0),
+        ("--sampling-topk", d.sampling_topk, d.sampling_topk >= 0),
+        ("--sampling-topp", d.sampling_topp, 0.0 < d.sampling_topp <= 1.0),
+        ("--temperature", d.temperature, d.temperature > 0),
+    ):
+        if not ok:
+            raise NmtError(f"{option} {value}: out of range (see nmt translate --help)")
     return d
 
 
 def translate_stream(
-    model_path: Path,
+    model_path: Path | list[Path],
     input: Path | None,
     output: Path | None,
-    beam: int | None,
-    lenpen: float | None,
-    max_len_a: float | None,
-    max_len_b: int | None,
-    max_tokens: int | None,
-    nbest: int | None,
+    decode_options: dict,
     device: str,
     dtype: str,
     interactive: bool,
     console: Console,
     engine: str = "torch",
-    min_len: int | None = None,
+    prefix: Path | None = None,
+    scored: bool = False,
 ) -> None:
     """`nmt translate`: lines from `input` (default stdin) to `output` (default stdout), in order.
 
     Reads CHUNK_LINES lines at a time, translates them in length-sorted batches and writes them back in
     input order, flushing after each chunk; from a terminal or with `interactive`, line by line.
-    Decode settings default to the checkpoint's own `decode` section. `nbest` (given, even 1) switches to
-    the scored format `index<TAB>score<TAB>text`, index the 0-based input line.
+    Decode settings default to the checkpoint's own `decode` section, overridden by `decode_options`.
+    `scored` (or decode.nbest > 1) switches to the format `index<TAB>score<TAB>text`, index the 0-based
+    input line. `prefix` is a file of target prefixes, one per input line.
     """
-    given = {"beam": beam, "lenpen": lenpen, "max_len_a": max_len_a, "max_len_b": max_len_b}
-    given |= {"batch_tokens": max_tokens, "nbest": nbest, "min_len": min_len}
-    options = {k: v for k, v in given.items() if v is not None}
-    translator, decode = load_translator(model_path, options, device, dtype, engine, console)
-
+    translator, decode = load_translator(model_path, decode_options, device, dtype, engine, console)
     source = open_input(input)
+    prefixes = open_input(prefix) if prefix is not None else None
     interactive = interactive or (input is None and sys.stdin.isatty())
     sink = open_output(output)
     start, done = time.perf_counter(), 0
     try:
         for chunk in read_chunks(source, 1 if interactive else CHUNK_LINES):
             lines = decode_chunk(chunk, done + 1, console)
-            results = translator.translate_nbest(lines, first_line=done + 1)
-            sink.write(format_lines(results, done, scored=nbest is not None or decode.nbest > 1))
+            wanted = None
+            if prefixes is not None:
+                wanted = decode_chunk(
+                    [read_line(prefixes, prefix, done + i + 1) for i in range(len(chunk))], done + 1, console
+                )
+            results = translator.translate_nbest(lines, first_line=done + 1, prefixes=wanted)
+            sink.write(format_lines(results, done, scored=scored or decode.nbest > 1))
             sink.flush()
             done += len(chunk)
     except BrokenPipeError:  # `nmt translate ... | head`: the reader is gone, nothing left to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush cannot fail
         return
     finally:
-        if source is not sys.stdin.buffer:
-            source.close()
+        for stream in (source, prefixes):
+            if stream is not None and stream is not sys.stdin.buffer:
+                stream.close()
         if sink is not sys.stdout.buffer:
             sink.close()
     if not interactive:
         seconds = time.perf_counter() - start
         console.print(f"translated {done} lines in {seconds:.1f} s ({done / max(seconds, 1e-9):.1f} lines/s)")
+
+
+def read_line(stream: BinaryIO, path: Path, number: int) -> bytes:
+    """Line `number` of a file read alongside the input; running out first is the user's mistake."""
+    line = stream.readline()
+    if not line:
+        raise NmtError(f"{path}: has no line {number}; give one prefix line (blank for none) per input line")
+    return line[:-1] if line.endswith(b"\n") else line
 
 
 def open_input(path: Path | None) -> BinaryIO:

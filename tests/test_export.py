@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from nmt.checkpoint import load_model
 from nmt.cli import app
-from nmt.translate import Translator
+from nmt.translate import Translator, ctranslate2_translator
 
 needs_ct2 = pytest.mark.skipif(
     find_spec("ctranslate2") is None, reason="ctranslate2 is not installed: pip install 'nmt[ctranslate2]'"
@@ -46,12 +46,12 @@ def valid_lines(synthetic_run: Path) -> list[str]:
 
 def both_engines(torch_model, exported: Path, lines: list[str], **decode) -> tuple[list, list]:
     """n-best lists of `lines` from the torch engine and from CTranslate2, with the same settings."""
-    from nmt.ctranslate2_engine import CT2Translator
+    from nmt.translate import ctranslate2_translator
 
     model, subword, cfg = torch_model
     d = dataclasses.replace(cfg.decode, **decode)
     ours = Translator(model, subword, d, torch.device("cpu")).translate_nbest(lines)
-    theirs = CT2Translator(exported, d, threads=1).translate_nbest(lines)
+    theirs = ctranslate2_translator(exported, d, threads=1).translate_nbest(lines)
     return ours, theirs
 
 
@@ -84,14 +84,34 @@ def test_beam_search_agrees_on_99_percent_of_lines(torch_model, exported: Path, 
 
 
 @needs_ct2
+@pytest.mark.parametrize("beam", [1, 4])
+def test_min_len_ngram_blocking_and_prefixes_agree(torch_model, exported: Path, valid_lines, beam):
+    """The decoding options map to CTranslate2's own (min_decoding_length, no_repeat_ngram_size,
+    target_prefix) and give the same translations; with a prefix and beam > 1, only the same start
+    (CTranslate2's scores leave out the prefix's log-probs, which shifts the length-normalized ranking)."""
+    model, subword, cfg = torch_model
+    lines = valid_lines[:60]
+    prefixes = [" ".join(line.split()[:2]) if i % 2 else "" for i, line in enumerate(lines)]
+    d = dataclasses.replace(cfg.decode, beam=beam, nbest=1, min_len=3, no_repeat_ngram_size=2)
+    ours = Translator(model, subword, d, torch.device("cpu")).translate(lines, prefixes=prefixes)
+    theirs = ctranslate2_translator(exported, d, threads=1).translate(lines, prefixes=prefixes)
+    compared = [(a, b) for a, b, p in zip(ours, theirs, prefixes, strict=True) if beam == 1 or not p]
+    assert sum(a == b for a, b in compared) >= 0.95 * len(compared)
+    for out, prefix in zip(ours + theirs, prefixes + prefixes, strict=True):
+        assert out.startswith(prefix) and len(out.split()) >= 3
+        words = out.split()
+        assert len(set(zip(words, words[1:], strict=False))) == len(words) - 1
+
+
+@needs_ct2
 def test_blank_lines_and_order(exported: Path):
     from nmt.config import DecodeConfig
-    from nmt.ctranslate2_engine import CT2Translator
+    from nmt.translate import ctranslate2_translator
 
-    t = CT2Translator(exported, DecodeConfig(beam=2, max_len_b=5), threads=1)
+    t = ctranslate2_translator(exported, DecodeConfig(beam=2, max_len_b=5), threads=1)
     assert t.translate(["", "a b c", "   ", "d e"]) == ["", "c b a", "", "e d"]
     assert t.translate([]) == []
-    assert t.subword.encode(["a"]) == [[t.ids["▁a"]]]
+    assert t.subword.encode(["a"]) == [[t.engine.ids["▁a"]]]
 
 
 @needs_ct2

@@ -289,3 +289,62 @@ def test_beam_search_on_a_trained_model_reverses_the_sequences(synthetic_run):
     assert len(hyps) == len(refs) == 100
     exact = sum(h == r for h, r in zip(hyps, refs, strict=True)) / len(refs)
     assert exact >= 0.8, f"{exact:.0%} of sentences reversed exactly"
+
+
+# ---- ensembles, sampling, prefixes and n-gram blocking through the command line ----------------------
+
+
+def test_an_ensemble_of_a_model_with_itself_translates_as_the_model(synthetic_run):
+    best = str(synthetic_run / "checkpoints" / "best.pt")
+    lines = b"a b c d\nb c d e f g\n\np o n\n"
+    alone = nmt_translate("-m", best, stdin=lines)
+    twice = nmt_translate("-m", best, "-m", best, stdin=lines)
+    assert alone.returncode == twice.returncode == 0, twice.stderr
+    assert out_lines(twice.stdout) == out_lines(alone.stdout) == ["d c b a", "g f e d c b", "", "n o p"]
+
+
+def test_an_ensemble_of_models_with_other_vocabularies_is_refused(synthetic_run, checkpoint):
+    result = nmt_translate(
+        "-m", str(synthetic_run / "checkpoints" / "best.pt"), "-m", str(checkpoint), stdin=b"a\n"
+    )
+    assert result.returncode == 2
+    assert result.stderr.decode().count("\n") == 1 and str(checkpoint) in result.stderr.decode()
+
+
+def test_sampling_repeats_with_its_seed(checkpoint):
+    lines = "\n".join(sentences(20, 3)).encode() + b"\n"
+    args = ["-m", str(checkpoint), "--sampling", "--sampling-topk", "20", "--nbest", "3"]
+    first = nmt_translate(*args, "--seed", "7", stdin=lines)
+    again = nmt_translate(*args, "--seed", "7", stdin=lines)
+    other = nmt_translate(*args, "--seed", "8", stdin=lines)
+    assert first.returncode == 0, first.stderr
+    assert len(out_lines(first.stdout)) == 60  # index<TAB>score<TAB>text, 3 samples per line
+    assert first.stdout == again.stdout and first.stdout != other.stdout
+
+
+def test_a_prefix_file_is_continued_and_must_cover_the_input(synthetic_run, tmp_path):
+    best = str(synthetic_run / "checkpoints" / "best.pt")
+    prefixes = tmp_path / "prefix.yy"
+    prefixes.write_text("a a\n\nb\n")
+    result = nmt_translate("-m", best, "--prefix", str(prefixes), stdin=b"c d e\nc d e\nf g\n")
+    assert result.returncode == 0, result.stderr
+    out = out_lines(result.stdout)
+    assert out[0].startswith("a a ") and out[1] == "e d c" and out[2].startswith("b ")
+    short = nmt_translate("-m", best, "--prefix", str(prefixes), stdin=b"a\nb\nc\nd\n")
+    assert short.returncode == 2 and b"no line 4" in short.stderr
+
+
+def test_no_repeat_ngram_size_through_the_command_line(synthetic_run):
+    best = str(synthetic_run / "checkpoints" / "best.pt")
+    result = nmt_translate("-m", best, "--no-repeat-ngram-size", "1", stdin=b"a b a b c\n")
+    assert result.returncode == 0, result.stderr
+    (line,) = out_lines(result.stdout)
+    assert len(line.split()) == len(set(line.split()))  # the reversal would repeat a and b
+
+
+@pytest.mark.parametrize(
+    "option, value", [("--temperature", "0"), ("--sampling-topp", "1.5"), ("--no-repeat-ngram-size", "-1")]
+)
+def test_out_of_range_decoding_options_exit_2(checkpoint, option, value):
+    result = nmt_translate("-m", str(checkpoint), option, value, stdin=b"a\n")
+    assert result.returncode == 2 and option.encode() in result.stderr

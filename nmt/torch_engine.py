@@ -1,0 +1,100 @@
+"""The PyTorch engine: subword ids in, n-best hypotheses out, through nmt.search. No files, no lines.
+
+It picks the search from the decode settings: greedy for beam 1 (the same result as beam 1, less work),
+beam search otherwise, and drawing with a sampler when `decode.sampling` is on (`nbest` samples each).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from nmt.config import DecodeConfig
+from nmt.search import EOS, PAD, Hypothesis, Sampler, beam_search, greedy_search
+
+
+def padded_sources(ids: list[list[int]], device: torch.device) -> Tensor:
+    """Source ids + EOS, right-padded: (B, S)."""
+    src = torch.full((len(ids), max(map(len, ids)) + 1), PAD, dtype=torch.long)
+    for row, seq in enumerate(ids):
+        src[row, : len(seq) + 1] = torch.tensor([*seq, EOS])
+    return src.to(device, non_blocking=True)
+
+
+def padded_prefixes(prefixes: list[list[int]] | None, device: torch.device) -> Tensor | None:
+    """Forced first target tokens, PAD-filled: (B, P); None when no row has any."""
+    if prefixes is None or not any(prefixes):
+        return None
+    out = torch.full((len(prefixes), max(map(len, prefixes))), PAD, dtype=torch.long)
+    for row, seq in enumerate(prefixes):
+        out[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+    return out.to(device, non_blocking=True)
+
+
+class TorchEngine:
+    """A model (or an nmt.ensemble.Ensemble) searched with nmt.search on one device."""
+
+    name = "torch"
+
+    def __init__(self, model, decode: DecodeConfig, device: torch.device):
+        self.model, self.decode, self.device = model, decode, torch.device(device)
+        self.max_positions = model.cfg.max_positions
+        self.generator = None
+        if decode.sampling:  # one stream for the whole run: the same seed gives the same output
+            self.generator = torch.Generator(self.device).manual_seed(decode.seed)
+
+    def search(self, ids: list[list[int]], prefixes: list[list[int]] | None = None) -> list[list[Hypothesis]]:
+        """The n best of each source, best first; eval mode during the search, then restored."""
+        d, model = self.decode, self.model
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.inference_mode():
+                src, prefix = padded_sources(ids, self.device), padded_prefixes(prefixes, self.device)
+                if d.sampling:
+                    return self.sample(src, prefix)
+                if d.beam == 1:
+                    found = greedy_search(
+                        model,
+                        src,
+                        d.max_len_a,
+                        d.max_len_b,
+                        d.lenpen,
+                        d.min_len,
+                        d.no_repeat_ngram_size,
+                        prefix,
+                    )
+                    return [[h] for h in found]
+                return beam_search(
+                    model,
+                    src,
+                    d.beam,
+                    d.lenpen,
+                    d.max_len_a,
+                    d.max_len_b,
+                    d.nbest,
+                    d.min_len,
+                    d.no_repeat_ngram_size,
+                    prefix,
+                )
+        finally:
+            model.train(was_training)
+
+    def sample(self, src: Tensor, prefix: Tensor | None) -> list[list[Hypothesis]]:
+        """`nbest` drawn translations of each source, best score first."""
+        d, n = self.decode, self.decode.nbest
+        sampler = Sampler(d.sampling_topk, d.sampling_topp, d.temperature, self.generator)
+        rows = src.repeat_interleave(n, dim=0)  # (B*n, S): sentence i's samples are rows i*n .. i*n+n-1
+        prefix = prefix.repeat_interleave(n, dim=0) if prefix is not None else None
+        drawn = greedy_search(
+            self.model,
+            rows,
+            d.max_len_a,
+            d.max_len_b,
+            d.lenpen,
+            d.min_len,
+            d.no_repeat_ngram_size,
+            prefix,
+            sampler,
+        )
+        return [sorted(drawn[i : i + n], key=lambda h: -h.score) for i in range(0, len(drawn), n)]
