@@ -287,6 +287,42 @@ def translate(
 
 
 @app.command()
+def serve(
+    model: Annotated[Path, typer.Option("--model", "-m", help="Checkpoint from nmt train or nmt average.")],
+    host: Annotated[
+        str, typer.Option(help="Address to listen on; 0.0.0.0 for every interface.")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on; 0 picks a free one (printed).")] = 5000,
+    max_batch_tokens: Annotated[
+        int, typer.Option(help="Token budget of one batch (sentences x beam x longest source).")
+    ] = 8192,
+    batch_wait_ms: Annotated[
+        float, typer.Option(help="How long the first request of a batch waits for others to join it.")
+    ] = 10.0,
+    max_chars: Annotated[int, typer.Option(help="Largest request, in characters of text.")] = 20000,
+    beam: Annotated[int | None, typer.Option(help="Beam size; 1 is greedy. Default: the recipe's.")] = None,
+    lenpen: Annotated[float | None, typer.Option(help="Length penalty alpha, ((5+|Y|)/6)^alpha.")] = None,
+    device: Annotated[str, typer.Option(help="auto (CUDA if available), cpu, cuda or cuda:N.")] = "auto",
+    dtype: Annotated[
+        str, typer.Option(help="auto (bf16 on a CUDA GPU that has it, else fp32), fp32, bf16, fp16.")
+    ] = "auto",
+) -> None:
+    """Serve a model over HTTP: LibreTranslate's /translate and /languages, OpenNMT-py's route.
+
+    Concurrent requests are batched together; SIGTERM finishes the requests in flight, then exits.
+
+    [bold]Examples[/]
+      nmt serve -m runs/multi30k-en-de/checkpoints/average.pt
+      curl -s localhost:5000/translate -H 'Content-Type: application/json' \\
+        -d '{"q": "A dog runs.", "source": "en", "target": "de"}'
+    """
+    from nmt.serve import serve as run_serve
+
+    options = {k: v for k, v in {"beam": beam, "lenpen": lenpen}.items() if v is not None}
+    run_serve(model, host, port, max_batch_tokens, batch_wait_ms, max_chars, options, device, dtype, err)
+
+
+@app.command()
 def score(
     refs: Annotated[list[Path], typer.Option("--ref", "-r", help="Reference file; repeat for several.")],
     hyps: Annotated[
