@@ -172,6 +172,11 @@ class Service:
         return {"status": "ok", "model": self.model_name, "source": self.src, "target": self.tgt}
 
 
+class HTTPServer(ThreadingHTTPServer):
+    request_queue_size = 256  # the default 5 resets connections when a few dozen clients connect at once
+    daemon_threads = False  # server_close() waits for the requests in flight
+
+
 def make_handler(service: Service, console: Console):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -270,11 +275,10 @@ def serve(
     batcher = Batcher(translator, max_batch_tokens, batch_wait_ms)
     service = Service(batcher, config.data.src_lang, config.data.tgt_lang, max_chars, str(model_path))
     try:
-        server = ThreadingHTTPServer((host, port), make_handler(service, console))
+        server = HTTPServer((host, port), make_handler(service, console))
     except OSError as e:
         batcher.close()
         raise NmtError(f"cannot listen on {host}:{port}: {e.strerror}") from None
-    server.daemon_threads = False  # server_close() waits for the requests in flight
     model = translator.engine.model
     param = next(model.parameters(), None)
     console.print(
