@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperGroup
 
-from nmt.errors import NmtError
+from nmt.errors import Interrupted, NmtError
 
 err = Console(stderr=True)
 
@@ -27,6 +27,9 @@ class Commands(TyperGroup):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except Interrupted as e:  # not a mistake: the work was saved and the same command continues it
+            err.print(f"[yellow]{escape(str(e))}[/]", highlight=False, soft_wrap=True)
+            raise typer.Exit(e.exit_code) from None
         except NmtError as e:
             err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
             raise typer.Exit(e.exit_code) from None

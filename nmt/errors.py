@@ -21,3 +21,11 @@ class DataError(NmtError):
 
 class CheckpointError(NmtError):
     """A model file that is missing, truncated or not an nmt checkpoint."""
+
+
+class Interrupted(NmtError):
+    """Work stopped by a signal after saving what it had; the exit status is 128 + the signal's number."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.exit_code = 128 + int(signum)

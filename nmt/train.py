@@ -28,7 +28,7 @@ from nmt.checkpoint import load_checkpoint, save_checkpoint, step_checkpoints
 from nmt.config import Config
 from nmt.data.batching import collate, epoch_batches
 from nmt.device import resolve_device, resolve_dtype
-from nmt.errors import CheckpointError, DataError, NmtError
+from nmt.errors import CheckpointError, DataError, Interrupted, NmtError
 from nmt.loss import label_smoothed_nll, perplexity
 from nmt.model import PAD_ID, Transformer, count_parameters
 from nmt.optim import build_optimizer, inverse_sqrt_lr, lr_scale
@@ -492,10 +492,8 @@ def train(cfg: Config, workdir: Path, console: Console | None = None) -> Path:
             prog.nonfinite_in_row = 0
             prog.step += 1
             prog.elapsed = time.monotonic() - started
-            # 4. stop?
-            stop_reason = finished(prog, cfg) or (
-                stop.signal and f"stopped by {signal.Signals(stop.signal).name}"
-            )
+            # 4. stop? Every rank decides at the same update, or they would wait in different collectives.
+            stop_reason = finished(prog, cfg, clock=False) or agree_to_stop(stop.signal, prog, cfg, rt)
             # 5. log
             if prog.step % cfg.train.log_every == 0 or stop_reason:
                 if rt.world_size > 1:
@@ -548,6 +546,13 @@ def train(cfg: Config, workdir: Path, console: Console | None = None) -> Path:
     log.print(f"training stopped at step {prog.step}: {stop_reason}", highlight=False)
     if rt.world_size > 1:
         dist.barrier()
+    if stop_reason.startswith("stopped by SIG"):
+        name = stop_reason.removeprefix("stopped by ")
+        raise Interrupted(
+            f"training stopped by {name} at step {prog.step}, {ckpt_dir / 'last.pt'} saved; "
+            "run the same command to resume",
+            signal.Signals[name],
+        )
     return best_or_last(ckpt_dir)
 
 
@@ -556,16 +561,38 @@ def best_or_last(ckpt_dir: Path) -> Path:
     return best if best.exists() else ckpt_dir / "last.pt"
 
 
-def finished(prog: TrainProgress, cfg: Config) -> str | None:
-    """Why training is over at this point (budget spent, patience lost), or None to go on."""
+def finished(prog: TrainProgress, cfg: Config, clock: bool = True) -> str | None:
+    """Why training is over at this point (budget spent, patience lost), or None to go on.
+
+    `clock=False` leaves out the time budget: each rank's clock differs, so in the loop that is decided
+    together (agree_to_stop).
+    """
     t = cfg.train
     if prog.step >= t.max_steps:
         return f"reached train.max_steps={t.max_steps}"
-    if t.max_minutes and prog.elapsed >= t.max_minutes * 60:
+    if clock and over_time(prog, cfg):
         return f"reached train.max_minutes={t.max_minutes:g}"
     if t.patience and prog.bad_validations >= t.patience:
         return f"no better validation for {t.patience} validations (early stopping)"
     return None
+
+
+def over_time(prog: TrainProgress, cfg: Config) -> bool:
+    return bool(cfg.train.max_minutes) and prog.elapsed >= cfg.train.max_minutes * 60
+
+
+def agree_to_stop(signum: int | None, prog: TrainProgress, cfg: Config, rt: Runtime) -> str | None:
+    """The reasons to stop that one rank alone can see, shared by all: a signal (schedulers send SIGTERM
+    to one process or to all) and the time budget on its own clock. One tiny all-reduce an update."""
+    flags = [signum == signal.SIGINT, signum == signal.SIGTERM, over_time(prog, cfg)]
+    if rt.world_size > 1:
+        shared = torch.tensor(flags, dtype=torch.float32, device=rt.device)
+        dist.all_reduce(shared)
+        flags = [f > 0 for f in shared.tolist()]
+    sigint, sigterm, late = flags
+    if sigterm or sigint:
+        return f"stopped by {'SIGTERM' if sigterm else 'SIGINT'}"
+    return f"reached train.max_minutes={cfg.train.max_minutes:g}" if late else None
 
 
 def broadcast_stop(reason: str | None, rt: Runtime) -> str | None:

@@ -54,3 +54,44 @@ def test_nmt_run_writes_results_and_resumes(tmp_path, multi30k_mirror, monkeypat
     assert again.exit_code == 0, again.output
     assert "already finished" in again.output and "average: already done" in again.output
     assert "translate test_2016_flickr: already done" in again.output
+
+
+def test_an_interrupted_nmt_run_writes_no_results_and_continues_next_time(tmp_path, multi30k_mirror):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    workdir = tmp_path / "run"
+    env = {
+        **os.environ,
+        "NMT_CACHE": str(tmp_path / "cache"),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+
+    def nmt_run(*overrides: str) -> subprocess.Popen:
+        cmd = [sys.executable, "-m", "nmt", "run", "multi30k-en-de", "--workdir", str(workdir)]
+        cmd += ["--mirror", str(multi30k_mirror)]
+        for item in [*TINY, *overrides]:
+            cmd += ["--set", item]
+        return subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+
+    proc = nmt_run("train.max_steps=100000", "train.log_every=1")
+    metrics = workdir / "metrics.jsonl"
+    deadline = time.monotonic() + 180
+    while not metrics.exists() or len(metrics.read_text().split("\n")) < 4:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:]
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    err = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert not (workdir / "results.json").exists() and not (workdir / "translations").exists()
+    assert not (workdir / "checkpoints" / "average.pt").exists()
+
+    done = nmt_run("train.max_steps=8")  # the same run, continued to its end
+    err = done.communicate(timeout=300)[1]
+    assert done.returncode == 0, err[-3000:]
+    assert "resuming from" in err
+    assert json.loads((workdir / "results.json").read_text())["training"]["updates"] == 8
