@@ -135,7 +135,6 @@ def test_a_corrupt_last_checkpoint_falls_back_to_the_previous_one(tmp_path, synt
     workdir = fresh_workdir(tmp_path, synthetic)
     train(make_config(max_steps=20, save_every=10), workdir)
     last = workdir / "checkpoints" / "last.pt"
-    (workdir / "checkpoints" / "step-20.pt").unlink()
     last.unlink()
     last.write_bytes(b"PK\x03\x04 truncated")
     from rich.console import Console
@@ -144,8 +143,73 @@ def test_a_corrupt_last_checkpoint_falls_back_to_the_previous_one(tmp_path, synt
     train(make_config(max_steps=30, save_every=10), workdir, console=console)
     text = console.export_text()
     assert "last.pt: not a readable nmt checkpoint" in text
-    assert "resuming from" in text and "step-10.pt" in text
+    assert "resuming from" in text and "last.prev.pt (step 10)" in text
     assert load_checkpoint(last).train_state["progress"]["step"] == 30
+
+
+def test_step_checkpoints_hold_weights_only_and_average(tmp_path, synthetic):
+    from nmt.checkpoint import average_checkpoints
+
+    workdir = fresh_workdir(tmp_path, synthetic)
+    train(make_config(max_steps=30, save_every=10), workdir)
+    ckpts = workdir / "checkpoints"
+    steps = step_checkpoints(ckpts)
+    assert [p.name for p in steps] == ["step-10.pt", "step-20.pt", "step-30.pt"]
+    assert all(load_checkpoint(p).train_state is None for p in steps)
+    assert load_checkpoint(ckpts / "last.pt").train_state["optimizer"]["state"]
+    assert load_checkpoint(ckpts / "last.prev.pt").train_state["progress"]["step"] == 20
+    assert steps[-1].stat().st_size * 2 < (ckpts / "last.pt").stat().st_size  # Adam's moments are only there
+    average_checkpoints(steps, ckpts / "average.pt")
+    averaged = load_checkpoint(ckpts / "average.pt").model_state
+    each = [load_checkpoint(p).model_state for p in steps]
+    for k, v in averaged.items():
+        if v.is_floating_point():
+            assert torch.allclose(v, sum(w[k] for w in each) / 3, atol=1e-6), k
+
+
+@pytest.mark.parametrize("how", ["free space", "disk full during the write"])
+def test_a_save_without_disk_space_is_one_line_and_leaves_the_earlier_checkpoints(
+    tmp_path, synthetic, monkeypatch, how
+):
+    import errno
+    import shutil
+
+    workdir = fresh_workdir(tmp_path, synthetic)
+    train(make_config(max_steps=10, save_every=10), workdir)
+    ckpts = workdir / "checkpoints"
+    before = {p.name: p.read_bytes() for p in ckpts.iterdir()}
+    if how == "free space":
+        usage = shutil.disk_usage(ckpts)
+        monkeypatch.setattr(shutil, "disk_usage", lambda _: usage._replace(free=10 * 2**20))
+    else:
+        real_save = torch.save
+
+        def full_disk(obj, f, *a, **kw):
+            real_save(obj, f, *a, **kw)  # some bytes reach the temporary file first
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(NmtError, match="intact") as e:
+        train(make_config(max_steps=20, save_every=10), workdir)
+    assert "\n" not in str(e.value) and e.value.exit_code == 2
+    monkeypatch.undo()
+    after = {p.name: p.read_bytes() for p in ckpts.iterdir()}
+    assert set(after) <= set(before) | {"step-20.pt"}  # no temporary file left behind
+    assert all(after[name] == data for name, data in before.items())
+    assert load_checkpoint(ckpts / "last.pt").train_state["progress"]["step"] == 10
+
+
+def test_dry_run_says_how_much_disk_the_checkpoints_take():
+    from rich.console import Console
+
+    from nmt.config import load_config
+    from nmt.train import dry_run
+
+    console = Console(record=True, width=300)
+    params = dry_run(load_config("wmt14-en-de-big"), console=console)
+    text = console.export_text()
+    weights = params * 4 / 2**30
+    assert f"disk: about {(20 + 2) * weights + 6 * weights:.2f} GiB" in text
 
 
 def test_non_finite_losses_are_skipped_then_stop_training(tmp_path, synthetic, monkeypatch):
