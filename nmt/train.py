@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import hashlib
 import json
 import math
 import os
@@ -293,6 +294,7 @@ def save_training_checkpoint(
     subword,
     prog: TrainProgress,
     best: bool,
+    facts: dict,
 ) -> Path:
     """step-N.pt with the weights (what averaging and translation need), last.pt with everything a resume
     needs, the previous last.pt kept as last.prev.pt in case the newest cannot be read.
@@ -307,6 +309,7 @@ def save_training_checkpoint(
         "optimizer": optimizer.state_dict(),
         "scaler": scaler.state_dict() if scaler is not None else None,
         "rng": rng_state(),
+        "run": facts,
     }
     weights = model.state_dict()
     check_free_space(ckpt_dir, tensor_bytes(weights) * 2 + tensor_bytes(state["optimizer"]))
@@ -364,6 +367,53 @@ def publish(src: Path, dst: Path) -> None:
     except OSError:
         shutil.copyfile(src, tmp)
     os.replace(tmp, dst)
+
+
+def run_facts(data: TrainData, rt: Runtime) -> dict:
+    """What a saved data position and saved weights mean: checked again when a run resumes."""
+    return {
+        "vocabulary_sha256": hashlib.sha256(data.subword.proto).hexdigest(),
+        "train_pairs": len(data.train),
+        "world_size": rt.world_size,
+    }
+
+
+# Keys a resumed run must keep: the weights' shapes and what the saved data position points into.
+# Budgets, logging, checkpoint counts, devices and decoding may change between runs.
+RESUME_KEYS = ("model", "train.batch_tokens", "train.update_tokens", "train.seed", "data.vocab_size")
+
+
+def check_resume(path: Path, ckpt, cfg: Config, facts: dict) -> None:
+    """One line naming what changed since the checkpoint was written, rather than a traceback or a
+    run that silently continues on something else."""
+    from nmt.config import config_to_dict
+
+    hint = "; resume needs the same (or start anew in another --workdir)"
+    old, new = config_to_dict(ckpt.config), config_to_dict(cfg)
+    for key in RESUME_KEYS:
+        before, now = old, new
+        for part in key.split("."):
+            before, now = before[part], now[part]
+        if key == "model":
+            for name in before:
+                if before[name] != now[name]:
+                    raise CheckpointError(
+                        f"{path}: trained with model.{name} {before[name]}, "
+                        f"the recipe now says {now[name]}{hint}"
+                    )
+        elif before != now:
+            raise CheckpointError(f"{path}: trained with {key} {before}, the recipe now says {now}{hint}")
+    saved = ckpt.train_state.get("run", {})
+    if saved.get("vocabulary_sha256", facts["vocabulary_sha256"]) != facts["vocabulary_sha256"]:
+        raise CheckpointError(
+            f"{path}: trained with another SentencePiece model than data/spm.model "
+            f"(was preprocessing redone?){hint}"
+        )
+    if saved.get("train_pairs", facts["train_pairs"]) != facts["train_pairs"]:
+        raise CheckpointError(
+            f"{path}: trained on {saved['train_pairs']:,} pairs, "
+            f"data/train now holds {facts['train_pairs']:,}{hint}"
+        )
 
 
 def find_resume_checkpoint(ckpt_dir: Path, console: Console):
@@ -474,9 +524,11 @@ def train(cfg: Config, workdir: Path, console: Console | None = None) -> Path:
     optimizer = build_optimizer(model.parameters(), cfg.train)
     scaler = torch.amp.GradScaler("cuda") if rt.dtype == torch.float16 else None
     prog = TrainProgress()
+    facts = run_facts(data, rt)
     resumed = find_resume_checkpoint(ckpt_dir, log)
     if resumed is not None:
         path, ckpt = resumed
+        check_resume(path, ckpt, cfg, facts)
         model.load_state_dict(ckpt.model_state)
         optimizer.load_state_dict(ckpt.train_state["optimizer"])
         if scaler is not None and ckpt.train_state["scaler"]:
@@ -484,6 +536,42 @@ def train(cfg: Config, workdir: Path, console: Console | None = None) -> Path:
         prog = TrainProgress(**ckpt.train_state["progress"])
         set_rng_state(ckpt.train_state["rng"])
         log.print(f"resuming from {path} (step {prog.step})", highlight=False)
+        saved_world = ckpt.train_state.get("run", {}).get("world_size", rt.world_size)
+        if saved_world != rt.world_size:
+            # Each process's shard of an epoch has another length now: keep the same share of the epoch.
+            old = (
+                len(
+                    epoch_batches(
+                        data.train.src_lens,
+                        data.train.tgt_lens,
+                        device_batch_tokens(cfg, saved_world),
+                        cfg.train.seed,
+                        prog.epoch,
+                        saved_world,
+                    )
+                )
+                // saved_world
+            )
+            new = (
+                len(
+                    epoch_batches(
+                        data.train.src_lens,
+                        data.train.tgt_lens,
+                        device_batch_tokens(cfg, rt.world_size),
+                        cfg.train.seed,
+                        prog.epoch,
+                        rt.world_size,
+                    )
+                )
+                // rt.world_size
+            )
+            share = prog.cursor / max(old, 1)
+            prog.cursor = min(new, round(share * new))
+            log.print(
+                f"{saved_world} processes before, {rt.world_size} now: epoch {prog.epoch} continues "
+                f"{share:.0%} of the way through its batches, as cut for {rt.world_size} processes",
+                highlight=False,
+            )
     accum = accumulation(cfg, rt.world_size)
     for line in summary_lines(cfg, model, rt.world_size):
         log.print(line, highlight=False)
@@ -587,7 +675,7 @@ def train(cfg: Config, workdir: Path, console: Console | None = None) -> Path:
                 prog.elapsed = time.monotonic() - started
                 if rt.is_main:
                     save_training_checkpoint(
-                        ckpt_dir, model, optimizer, scaler, cfg, data.subword, prog, better
+                        ckpt_dir, model, optimizer, scaler, cfg, data.subword, prog, better, facts
                     )
                 last_saved = prog.step
             if rt.world_size > 1 and validating:

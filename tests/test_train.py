@@ -346,3 +346,70 @@ def test_sigterm_to_one_process_stops_both_within_seconds_then_resume(tmp_path, 
     out = proc.communicate(timeout=120)[1]
     assert proc.returncode == 0, out[-3000:]
     assert step_of(workdir) == step + 2
+
+
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        ({"model": {"d_ff": 128}}, "model.d_ff 256, the recipe now says 128"),
+        ({"train": {"batch_tokens": 512}}, "train.batch_tokens 1024, the recipe now says 512"),
+        ({"train": {"seed": 2}}, "train.seed 1, the recipe now says 2"),
+        ("vocabulary", "another SentencePiece model"),
+    ],
+)
+def test_resume_refuses_what_changed_with_one_line_and_exit_2(tmp_path, synthetic, change, named):
+    import shutil
+
+    from nmt.config import config_from_dict
+
+    data = tmp_path / "data"
+    shutil.copytree(synthetic, data)
+    workdir = fresh_workdir(tmp_path, data)
+    cfg = make_config(max_steps=10, save_every=10)
+    train(cfg, workdir)
+    raw = config_to_dict(make_config(max_steps=20, save_every=10))
+    if change == "vocabulary":  # preprocessing redone: a SentencePiece model of other bytes
+        import sentencepiece as spm
+
+        from .synthetic import LETTERS
+
+        text = tmp_path / "other.txt"  # the same letters, other frequencies: other scores, other bytes
+        text.write_text("\n".join(" ".join(LETTERS[: 1 + i % 16]) for i in range(500)) + "\n")
+        spm.SentencePieceTrainer.train(
+            input=str(text),
+            model_prefix=str(data / "spm"),
+            model_type="word",
+            vocab_size=len(LETTERS) + 4,
+            pad_id=0,
+            unk_id=1,
+            bos_id=2,
+            eos_id=3,
+            minloglevel=2,
+        )
+    else:
+        for section, values in change.items():
+            raw[section].update(values)
+    result = nmt_train(write_recipe(tmp_path / "changed.yaml", config_from_dict(raw)), workdir)
+    err = result.communicate(timeout=120)[1]
+    assert result.returncode == 2, err
+    assert named in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+def test_longer_budgets_resume(tmp_path, synthetic):
+    workdir = fresh_workdir(tmp_path, synthetic)
+    train(make_config(max_steps=10, save_every=10), workdir)
+    train(make_config(max_steps=15, save_every=10, max_minutes=5.0, log_every=1), workdir)
+    assert load_checkpoint(workdir / "checkpoints" / "last.pt").train_state["progress"]["step"] == 15
+
+
+def test_resume_on_more_processes_maps_the_data_position(tmp_path, synthetic):
+    cfg = make_config(max_steps=5, save_every=5, batch_tokens=512, update_tokens=1024)
+    workdir = fresh_workdir(tmp_path, synthetic)
+    train(cfg, workdir)
+    more = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, max_steps=8))
+    proc = torchrun(write_recipe(tmp_path / "more.yaml", more), workdir)
+    out = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 0, out[-3000:]
+    assert "1 processes before, 2 now" in " ".join(out.split())
+    assert step_of(workdir) == 8
