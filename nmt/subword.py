@@ -7,6 +7,7 @@ cleaned text, so no Moses tokenizer is needed; ids 0-3 are reserved for pad, unk
 from __future__ import annotations
 
 import os
+import random
 from pathlib import Path
 
 import sentencepiece as spm
@@ -17,18 +18,45 @@ from nmt.errors import DataError
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 
 
+SAMPLE_SEED = 1  # the sentence sample is part of the model: the same corpus gives the same subwords
+
+
+def sample_lines(text_files: list[Path], n: int, seed: int = SAMPLE_SEED) -> list[str]:
+    """A uniform sample of n non-blank lines over all the files (reservoir sampling), in one streaming
+    pass: memory holds the sample only, and the same files and seed give the same sample."""
+    rng = random.Random(seed)
+    sample: list[str] = []
+    seen = 0
+    for path in text_files:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                if not line.strip():
+                    continue
+                seen += 1
+                if len(sample) < n:
+                    sample.append(line)
+                elif (j := rng.randrange(seen)) < n:
+                    sample[j] = line
+    return sample
+
+
 def train_subword(text_files: list[Path], out_prefix: Path, data: DataConfig) -> Path:
     """Train the joint model on `text_files`; writes out_prefix.model/.vocab and returns the .model path.
 
-    SentencePiece samples `data.spm_sample_sentences` lines itself (shuffled), so a WMT-sized corpus costs
-    no more memory than that sample. The files are written under a temporary prefix and renamed, the model
-    last, so an interrupted run never leaves a .model that looks finished.
+    Training reads a sample of `data.spm_sample_sentences` lines, so a WMT-sized corpus costs no more
+    memory than that sample. The sample is drawn here with a fixed seed, not by SentencePiece, whose own
+    sampling differs from run to run: re-running preprocessing must give the same model, or a resumed
+    run would train on remapped ids. Given the same lines, SentencePiece's training is deterministic.
+    The files are written under a temporary prefix and renamed, the model last, so an interrupted run
+    never leaves a .model that looks finished.
     """
     out_prefix.parent.mkdir(parents=True, exist_ok=True)
     tmp_prefix = out_prefix.with_name(out_prefix.name + ".part")
+    sample = out_prefix.with_name(out_prefix.name + ".sample.txt")
+    sample.write_text("".join(sample_lines(text_files, data.spm_sample_sentences)), encoding="utf-8")
     try:
         spm.SentencePieceTrainer.train(
-            input=[str(f) for f in text_files],
+            input=str(sample),
             model_prefix=str(tmp_prefix),
             model_type=data.subword_type,
             vocab_size=data.vocab_size,
@@ -37,8 +65,7 @@ def train_subword(text_files: list[Path], out_prefix: Path, data: DataConfig) ->
             unk_id=UNK,
             bos_id=BOS,
             eos_id=EOS,
-            input_sentence_size=data.spm_sample_sentences,
-            shuffle_input_sentence=True,
+            shuffle_input_sentence=False,
             num_threads=os.cpu_count() or 1,
             minloglevel=2,
         )
@@ -46,6 +73,8 @@ def train_subword(text_files: list[Path], out_prefix: Path, data: DataConfig) ->
         # SentencePiece's messages ("Vocabulary size too high (8000). Please set it to a value <= 5342.")
         # are already actionable; name the key that sets it.
         raise DataError(f"SentencePiece training on {text_files[0]} failed (data.vocab_size?): {e}") from None
+    finally:
+        sample.unlink(missing_ok=True)
     model = Path(f"{out_prefix}.model")
     os.replace(f"{tmp_prefix}.vocab", f"{out_prefix}.vocab")
     os.replace(f"{tmp_prefix}.model", model)

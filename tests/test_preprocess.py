@@ -260,3 +260,31 @@ def test_cli_errors_are_one_line_and_exit_2(tmp_path, monkeypatch):
 
     result = CliRunner().invoke(app, args[:-1] + [str(tmp_path / "empty-mirror")])
     assert result.exit_code == 2 and "not found in mirror folder" in result.output
+
+
+def test_subwords_trained_twice_on_a_corpus_larger_than_their_sample_are_identical(tmp_path):
+    import dataclasses
+    import random
+
+    from nmt.config import DataConfig
+    from nmt.subword import sample_lines, train_subword
+
+    rng = random.Random(0)
+    words = [
+        "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 9)))
+        for _ in range(2000)
+    ]
+    for side in ("src", "tgt"):
+        lines = (" ".join(rng.choice(words[: rng.randint(10, 2000)]) for _ in range(12)) for _ in range(6000))
+        (tmp_path / f"text.{side}").write_text("\n".join(lines) + "\n")
+    files = [tmp_path / "text.src", tmp_path / "text.tgt"]
+    corpus = {"name": "x", "src": None, "tgt": None, "sacrebleu": "wmt14"}
+    data = DataConfig(
+        src_lang="xx", tgt_lang="yy", train=(), valid=(), vocab_size=400, spm_sample_sentences=1500
+    )
+    data = dataclasses.replace(data, train=(corpus,), valid=(corpus,))
+    first = train_subword(files, tmp_path / "a" / "spm", data).read_bytes()  # preprocessing, then again:
+    assert train_subword(files, tmp_path / "a" / "spm", data).read_bytes() == first
+    assert sample_lines(files, 1500) != sample_lines(files, 1500, seed=2)  # a sample, not the first lines
+    assert len(sample_lines(files, 1500)) == 1500
+    assert not list((tmp_path / "a").glob("*.txt")) and not list((tmp_path / "a").glob("*.part.*"))
