@@ -20,7 +20,7 @@ import yaml
 
 from nmt.errors import ConfigError
 
-RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
+RECIPES_DIR = Path(__file__).resolve().parent / "recipes"  # a link to the top-level recipes/ in a checkout
 DEFAULT_RECIPE = "multi30k-en-de"
 
 
