@@ -575,6 +575,13 @@ def train(cfg: Config, workdir: Path, console: Console | None = None) -> Path:
     accum = accumulation(cfg, rt.world_size)
     for line in summary_lines(cfg, model, rt.world_size):
         log.print(line, highlight=False)
+    precision = "fp32" if rt.dtype == torch.float32 else f"{str(rt.dtype).removeprefix('torch.')} autocast"
+    log.print(
+        f"running on: {rt.device} x {rt.world_size} process(es), {torch.get_num_threads()} threads each, "
+        f"precision {precision} (train.precision={cfg.train.precision}), "
+        f"compile {'on' if cfg.train.compile else 'off'}",
+        highlight=False,
+    )
     net = model
     if rt.world_size > 1:
         net = torch.nn.parallel.DistributedDataParallel(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -127,6 +128,9 @@ def test_sigterm_saves_a_checkpoint_then_exits(tmp_path, synthetic):
     err = proc.communicate(timeout=60)[1]
     assert proc.returncode == 128 + signal.SIGTERM, err  # so schedulers and `nmt run` see the interruption
     assert "stopped by SIGTERM" in err and "run the same command to resume" in err
+    assert re.search(
+        r"precision (fp32|bfloat16 autocast) \(train.precision=auto\), compile off", " ".join(err.split())
+    )
     step = load_checkpoint(workdir / "checkpoints" / "last.pt").train_state["progress"]["step"]
     assert step >= 1
 
