@@ -54,31 +54,20 @@ class TorchEngine:
                 if d.sampling:
                     return self.sample(src, prefix)
                 if d.beam == 1:
-                    found = greedy_search(
-                        model,
-                        src,
-                        d.max_len_a,
-                        d.max_len_b,
-                        d.lenpen,
-                        d.min_len,
-                        d.no_repeat_ngram_size,
-                        prefix,
-                    )
-                    return [[h] for h in found]
+                    return [[h] for h in self.greedy(src, prefix)]
                 return beam_search(
-                    model,
-                    src,
-                    d.beam,
-                    d.lenpen,
-                    d.max_len_a,
-                    d.max_len_b,
-                    d.nbest,
-                    d.min_len,
-                    d.no_repeat_ngram_size,
-                    prefix,
-                )
+                    model, src, d.beam, d.lenpen, d.max_len_a, d.max_len_b, d.nbest,
+                    min_len=d.min_len, no_repeat_ngram=d.no_repeat_ngram_size, prefix=prefix,
+                )  # fmt: skip
         finally:
             model.train(was_training)
+
+    def greedy(self, src: Tensor, prefix: Tensor | None, sampler: Sampler | None = None) -> list[Hypothesis]:
+        d = self.decode
+        return greedy_search(
+            self.model, src, d.max_len_a, d.max_len_b, d.lenpen,
+            min_len=d.min_len, no_repeat_ngram=d.no_repeat_ngram_size, prefix=prefix, sampler=sampler,
+        )  # fmt: skip
 
     def sample(self, src: Tensor, prefix: Tensor | None) -> list[list[Hypothesis]]:
         """`nbest` drawn translations of each source, best score first."""
@@ -86,15 +75,5 @@ class TorchEngine:
         sampler = Sampler(d.sampling_topk, d.sampling_topp, d.temperature, self.generator)
         rows = src.repeat_interleave(n, dim=0)  # (B*n, S): sentence i's samples are rows i*n .. i*n+n-1
         prefix = prefix.repeat_interleave(n, dim=0) if prefix is not None else None
-        drawn = greedy_search(
-            self.model,
-            rows,
-            d.max_len_a,
-            d.max_len_b,
-            d.lenpen,
-            d.min_len,
-            d.no_repeat_ngram_size,
-            prefix,
-            sampler,
-        )
+        drawn = self.greedy(rows, prefix, sampler)
         return [sorted(drawn[i : i + n], key=lambda h: -h.score) for i in range(0, len(drawn), n)]
