@@ -2,21 +2,20 @@
 
 A checkpoint is enough to translate (it carries its own subword model) and enough to resume (optimizer,
 schedule, scaler, RNG and data position). It holds only tensors, dicts, lists, strings and numbers, so it
-loads with `torch.load(weights_only=True)` and never unpickles code. Writes are atomic: a temporary file in
-the same folder, fsync, then rename, so a kill at any moment leaves the previous file intact.
+loads with `torch.load(weights_only=True)` and never unpickles code. Writes are atomic (nmt.atomic), so a
+kill at any moment leaves the previous file intact.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
+from nmt.atomic import atomic_write
 from nmt.config import Config, config_from_dict, config_to_dict
 from nmt.errors import CheckpointError, ConfigError
 
@@ -53,26 +52,8 @@ def save_checkpoint(
         "subword": torch.frombuffer(bytearray(subword_proto), dtype=torch.uint8),
         "train_state": train_state,
     }
-    atomic_save(payload, Path(path))
-
-
-def atomic_save(payload: dict, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(payload, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    with atomic_write(path) as f:
+        torch.save(payload, f)
 
 
 def load_checkpoint(path: Path) -> Checkpoint:

@@ -17,6 +17,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from nmt.atomic import write_text
 from nmt.checkpoint import average_checkpoints, last_checkpoints
 from nmt.config import Config
 from nmt.device import resolve_device
@@ -113,11 +114,8 @@ def translate_test_set(
         "sentences_per_s": round(len(lines) / seconds, 1),
         "target_tokens_per_s": round(tokens / seconds, 1),
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
-    os.replace(tmp, out)
-    meta.write_text(json.dumps({"model_mtime": model_path.stat().st_mtime, "speed": speed}))
+    write_text(out, "".join(h + "\n" for h in hyps))
+    write_text(meta, json.dumps({"model_mtime": model_path.stat().st_mtime, "speed": speed}))
     console.print(f"translate {name}: {len(lines)} lines in {seconds:.1f} s -> {out}")
     return speed
 
@@ -175,7 +173,7 @@ def device_summary(device: torch.device) -> dict:
 
 
 def write_results(workdir: Path, results: dict) -> None:
-    (workdir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    write_text(workdir / "results.json", json.dumps(results, indent=2) + "\n")
     t = results["training"]
     lines = [
         f"# Results: {results['recipe']}",
@@ -198,7 +196,7 @@ def write_results(workdir: Path, results: dict) -> None:
     lines += ["", "Signatures:", ""]
     for name, e in results["tests"].items():
         lines += [f"- {name} BLEU: `{e['bleu']['signature']}`", f"- {name} chrF: `{e['chrf']['signature']}`"]
-    (workdir / "results.md").write_text("\n".join(lines) + "\n")
+    write_text(workdir / "results.md", "\n".join(lines) + "\n")
 
 
 def show_results(results: dict, console: Console) -> None:

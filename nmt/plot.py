@@ -7,10 +7,10 @@ the metrics and every error about them work without it.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nmt.atomic import atomic_write
 from nmt.errors import DataError, NmtError
 
 
@@ -120,8 +120,6 @@ def plot(workdir: Path, output: Path | None = None) -> Path:
         ax.set_xlabel("step")
     fig.suptitle(f"{Path(workdir).name}: learning curves")
 
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.with_name(output.name + ".tmp")
-    fig.savefig(tmp, format="png", dpi=100)
-    os.replace(tmp, output)  # never leave a half-written PNG behind a crash
+    with atomic_write(output) as f:  # never a half-written PNG behind a crash
+        fig.savefig(f, format="png", dpi=100)
     return output
