@@ -6,17 +6,17 @@
 
 What runs is the trainer's own update, not a copy of it: the model, optimizer (fused Adam),
 precision (bf16 autocast where the recipe's `train.precision` resolves to it) and gradient accumulation
-come from nmt.train (`setup_runtime`, `accumulation`, `update_plan`, `micro_batches`, `forward_backward`,
-`optimizer_step`), with the vocabulary set to data.vocab_size. Batches are cut by the real token-budget
+come from the trainer's modules (`nmt.runtime.setup_runtime`, `nmt.data.loader.update_plan` and `prepare`,
+`nmt.update.train_step`), with the vocabulary set to data.vocab_size. Batches are cut by the real token-budget
 batcher (nmt.data.batching.epoch_batches) at train.batch_tokens, from the preprocessed training split
 (--data WORKDIR) or from synthetic lengths (`LengthModel`; token ids are random, which costs the same).
 
 Timing: K untimed warm-up updates, then N timed updates in W consecutive windows, each bracketed by a
 device synchronisation; figures are those of the median window by target tokens/s, so that a neighbour
 stealing the CPU for a moment moves the result less. The timed updates use batches collated and moved to
-the device beforehand; one extra window with the trainer's per-update collation (`end_to_end`) shows what
-the data path adds. Peak memory is torch.cuda.max_memory_allocated on a GPU and the process's RSS
-high-water mark (getrusage) on the CPU.
+the device beforehand; one extra window fed by the trainer's background loader (`end_to_end`) shows what
+the data path adds, and the share of that window the step spent waiting for data. Peak memory is
+torch.cuda.max_memory_allocated on a GPU and the process's RSS high-water mark (getrusage) on the CPU.
 
 MFU (model-FLOPs utilisation) = model FLOP/s achieved / the matrix-multiply rate measured in the same run
 (square matmuls in the run's precision: 8192^3 on a GPU, 2048^3 on the CPU; median of trials before and
@@ -43,19 +43,12 @@ import torch
 from torch import Tensor
 
 from nmt.config import Config, ModelConfig, load_config
+from nmt.data.loader import Loader, Update, accumulation, prepare, update_plan
 from nmt.errors import NmtError
 from nmt.model import PAD_ID, Transformer, count_parameters
 from nmt.optim import build_optimizer, inverse_sqrt_lr, lr_scale
-from nmt.train import (
-    Runtime,
-    TrainProgress,
-    accumulation,
-    forward_backward,
-    micro_batches,
-    optimizer_step,
-    setup_runtime,
-    update_plan,
-)
+from nmt.runtime import Runtime, setup_runtime
+from nmt.update import train_step
 
 RESULTS = results_file.RESULTS
 SECTION = "## Training throughput"
@@ -141,7 +134,8 @@ def synthetic_lengths(n: int, lengths: LengthModel, seed: int = 0) -> tuple[Tens
 
 
 class SyntheticPairs:
-    """Pairs with given lengths and random ids, with the interface of nmt.data.binarized.ParallelData.
+    """Pairs with given lengths and random ids, with the interface of nmt.data.binarized.ParallelData
+    that batching reads (`*_ids`, `*_offsets`, `*_lens`).
 
     Every pair is a window into one shared buffer of random ids, so a large pool costs no memory.
     """
@@ -151,20 +145,14 @@ class SyntheticPairs:
     def __init__(self, src_lens: Tensor, tgt_lens: Tensor, vocab: int, seed: int = 0):
         self.src_lens, self.tgt_lens = src_lens, tgt_lens
         g = torch.Generator().manual_seed(seed)
-        self.ids = torch.randint(4, vocab, (self.BUFFER,), generator=g)  # above PAD, UNK, BOS, EOS
+        self.src_ids = self.tgt_ids = torch.randint(4, vocab, (self.BUFFER,), generator=g)  # above specials
+        i = torch.arange(len(src_lens))
+        longest = int(torch.maximum(src_lens, tgt_lens).max()) if len(i) else 0
+        self.src_offsets = (2 * i * 7919) % (self.BUFFER - longest)  # (N,) where each window starts
+        self.tgt_offsets = ((2 * i + 1) * 7919) % (self.BUFFER - longest)
 
     def __len__(self) -> int:
         return len(self.src_lens)
-
-    def _window(self, i: int, n: int) -> Tensor:
-        start = (i * 7919) % (self.BUFFER - n)
-        return self.ids[start : start + n]
-
-    def src(self, i: int) -> Tensor:
-        return self._window(2 * i, int(self.src_lens[i]))
-
-    def tgt(self, i: int) -> Tensor:
-        return self._window(2 * i + 1, int(self.tgt_lens[i]))
 
 
 def synthetic_data(cfg: Config, lengths: LengthModel, updates: int) -> SyntheticPairs:
@@ -244,14 +232,28 @@ class Trainer:
         self.step = 0
         self.model.train()
 
-    def update(self, batches, target_tokens: int) -> None:
+    def update(self, update: Update) -> None:
         self.step += 1
         lr = inverse_sqrt_lr(self.step, self.cfg.model.d_model, self.cfg.train.warmup, self.scale)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        norm = self.rt.world_size / torch.tensor(float(target_tokens), device=self.rt.device)
-        forward_backward(self.net, batches, norm, self.cfg, self.rt, self.scaler)
-        optimizer_step(self.model, self.optimizer, self.scaler, self.cfg.train.clip_norm)
+        t = self.cfg.train
+        train_step(
+            self.net,
+            self.model,
+            self.optimizer,
+            self.scaler,
+            update,
+            lr,
+            t.label_smoothing,
+            t.clip_norm,
+            self.rt,
+        )
+
+
+def on_device(update: Update, device: torch.device) -> Update:
+    if device.type != "cpu":
+        update.batches = [tuple(t.to(device, non_blocking=True) for t in b) for b in update.batches]
+        update.target_tokens = update.target_tokens.to(device, non_blocking=True)
+    return update
 
 
 def measure(
@@ -274,15 +276,15 @@ def measure(
         torch.cuda.reset_peak_memory_stats(rt.device)
     trainer = Trainer(cfg, rt)
     accum = accumulation(cfg, rt.world_size)
-    plan = update_plan(data, cfg, rt, TrainProgress(), accum)
+    plan = update_plan(data, cfg, rt.rank, rt.world_size, 0, 0)
 
     # Batches of the warm-up and timed updates, collated and on the device before the clock starts.
     prepared = []
     for _ in range(warmup + updates):
-        batches = list(micro_batches(data, next(plan), rt))
-        prepared.append((batches, [batch_figures(cfg, b) for b in batches]))
-    for batches, figs in prepared[:warmup]:
-        trainer.update(batches, sum(f[1] for f in figs))
+        update = on_device(prepare(data, next(plan), rt.device.type == "cuda"), rt.device)
+        prepared.append((update, [batch_figures(cfg, b) for b in update.batches]))
+    for update, _ in prepared[:warmup]:
+        trainer.update(update)
     synchronize(rt.device)
 
     timed, padded, real = [], 0, 0
@@ -293,8 +295,8 @@ def measure(
         cursor += size
         synchronize(rt.device)
         start = time.perf_counter()
-        for batches, figs in chunk:
-            trainer.update(batches, sum(f[1] for f in figs))
+        for update, _ in chunk:
+            trainer.update(update)
         synchronize(rt.device)
         seconds = time.perf_counter() - start
         figs = [f for _, fs in chunk for f in fs]
@@ -304,20 +306,21 @@ def measure(
     memory = peak_memory(rt.device)
     del prepared
 
-    e2e = None
+    e2e = data_wait = None
     if end_to_end:
-        # The trainer's own data path: indices -> collate -> (pinned) copy, inside the timed loop.
+        # The trainer's own data path: the background loader collating (and pinning) ahead of the step.
         size = per_window[0]
-        synchronize(rt.device)
-        start = time.perf_counter()
-        tokens = 0
-        for _ in range(size):
-            chunk = next(plan)
-            local = sum(int((data.tgt_lens[idx] + 1).sum()) for idx in chunk)
-            trainer.update(micro_batches(data, chunk, rt), local)
-            tokens += local
-        synchronize(rt.device)
-        e2e = tokens / (time.perf_counter() - start)
+        with Loader(data, plan, rt.device) as loader:
+            synchronize(rt.device)
+            start = time.perf_counter()
+            tokens = 0
+            for _ in range(size):
+                update = next(loader)
+                trainer.update(update)
+                tokens += update.targets
+            synchronize(rt.device)
+            e2e = tokens / (time.perf_counter() - start)
+            data_wait = loader.wait_seconds / (time.perf_counter() - start)
 
     profile_table = profile_updates(trainer, data, plan, profile) if profile else None
     rates += matmul_rate(rt.device, rt.dtype, n)
@@ -356,6 +359,7 @@ def measure(
         "matmul_flops_per_s": rate,
         "mfu": mid.flops / mid.seconds / rate,
         "end_to_end_target_tokens_per_s": e2e,
+        "end_to_end_data_wait": data_wait,
     }
     steps, tokens = cfg.train.max_steps, cfg.train.update_tokens
     result["projection"] = {
@@ -403,10 +407,12 @@ def profile_updates(trainer: Trainer, data, plan, updates: int) -> dict[str, flo
 
     rt = trainer.rt
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if rt.device.type == "cuda" else [])
-    chunks = [list(micro_batches(data, next(plan), rt)) for _ in range(updates)]
+    chunks = [
+        on_device(prepare(data, next(plan), rt.device.type == "cuda"), rt.device) for _ in range(updates)
+    ]
     with profile(activities=activities, record_shapes=True) as prof:
-        for batches in chunks:
-            trainer.update(batches, sum(int((b[2] != PAD_ID).sum()) for b in batches))
+        for update in chunks:
+            trainer.update(update)
         synchronize(rt.device)
     totals: dict[str, float] = {}
     for event in prof.events():
@@ -449,7 +455,7 @@ def report_lines(recipe: str, r: dict) -> list[str]:
     if r["end_to_end_target_tokens_per_s"] is not None:
         lines.append(
             f"end to end           {r['end_to_end_target_tokens_per_s']:,.0f} target tokens/s "
-            f"(with the trainer's collation in the loop)"
+            f"(the trainer's background loader; {r['end_to_end_data_wait']:.1%} of the time waiting for data)"
         )
     lines.append(
         f"projected: {p['steps'] / 1000:g}k x {p['tokens_per_update'] / 1000:g}k tokens -> "
@@ -478,7 +484,12 @@ def record_entry(
         ("model FLOP/s", f"{r['model_flops_per_s'] / 1e9:,.1f} G"),
         ("matmul rate", f"{r['matmul_flops_per_s'] / 1e9:,.1f} GFLOP/s ({r['matmul']})"),
         ("MFU", f"{100 * r['mfu']:.1f}%"),
-        ("end to end (collation in the loop)", f"{e2e:,.0f} target tokens/s" if e2e else "not measured"),
+        (
+            "end to end (background loader)",
+            f"{e2e:,.0f} target tokens/s, {r['end_to_end_data_wait']:.1%} of the time waiting for data"
+            if e2e
+            else "not measured",
+        ),
         (
             "projected",
             f"{p['steps'] / 1000:g}k x {p['tokens_per_update'] / 1000:g}k tokens -> {p['hours']:.1f} h",

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from nmt.config import load_config
+from nmt.data.loader import accumulation, device_batch_tokens
 from nmt.model import Transformer, count_parameters
-from nmt.train import accumulation, device_batch_tokens, dry_run
+from nmt.train import dry_run
 
 # Vaswani et al. 2017, Table 3 (base, big) and sections 5.1-5.4, 6.1.
 PAPER = {

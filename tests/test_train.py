@@ -62,7 +62,7 @@ def test_the_reversal_task_is_learned(synthetic_run):
     """The session's shared model (450 updates, well under a minute on 2 cores) reverses sequences."""
     model, _, _ = load_model(synthetic_run / "checkpoints" / "best.pt")
     valid = ParallelData(synthetic_run / "data" / "valid")
-    src, tgt_in, tgt_out = collate([(valid.src(i), valid.tgt(i)) for i in range(len(valid))])
+    src, tgt_in, tgt_out = collate(valid, torch.arange(len(valid)))
     with torch.no_grad():
         predicted = model(src, tgt_in).argmax(-1)
     real = tgt_out != 0
@@ -217,7 +217,7 @@ def test_dry_run_says_how_much_disk_the_checkpoints_take():
 
 
 def test_non_finite_losses_are_skipped_then_stop_training(tmp_path, synthetic, monkeypatch):
-    import nmt.train as trainer
+    import nmt.update as trainer
 
     workdir = fresh_workdir(tmp_path, synthetic)
     train(make_config(max_steps=5, save_every=5), workdir)

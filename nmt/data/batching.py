@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from nmt.data.binarized import ParallelData
 from nmt.model import PAD_ID
 from nmt.subword import BOS, EOS
 
@@ -17,19 +18,20 @@ def pack_batches(order: Tensor, src_lens: Tensor, tgt_lens: Tensor, batch_tokens
     """Cut `order` (indices sorted by length) into batches of at most `batch_tokens` padded tokens.
 
     A batch of n pairs costs n * max(longest source + EOS, longest target + BOS), i.e. the padded size of
-    its larger side. A single pair over the budget still forms a batch of its own.
+    its larger side. Greedy: each batch takes pairs in order while its cost stays within the budget; a
+    single pair over the budget still forms a batch of its own. The loop runs once a batch, not once a
+    pair (a WMT epoch is 4.5M pairs but about 11k batches): a batch's pairs are found with a running
+    maximum over the next budget / cost-of-its-first-pair candidates, since no batch can hold more.
     """
     cost = torch.maximum(src_lens[order], tgt_lens[order]) + 1  # (N,) one special token per side
-    batches, start, longest = [], 0, 0
-    cost_list = cost.tolist()
-    for i, c in enumerate(cost_list):
-        longest_if_added = max(longest, c)
-        if i > start and longest_if_added * (i - start + 1) > batch_tokens:
-            batches.append(order[start:i])
-            start, longest_if_added = i, c
-        longest = longest_if_added
-    if start < len(cost_list):
-        batches.append(order[start:])
+    batches, start, n = [], 0, len(cost)
+    counts = torch.arange(1, max(1, batch_tokens) + 1)  # (budget,) pairs in a batch
+    while start < n:
+        window = cost[start : start + max(1, batch_tokens // int(cost[start]))]  # (W,) candidates
+        padded = window.cummax(0).values * counts[: len(window)]  # (W,) cost with 1..W pairs
+        size = max(1, int((padded <= batch_tokens).sum()))  # padded is increasing: the fits are a prefix
+        batches.append(order[start : start + size])
+        start += size
     return batches
 
 
@@ -51,19 +53,24 @@ def epoch_batches(
     return batches[: len(batches) - len(batches) % world_size]
 
 
-def collate(pairs: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor, Tensor]:
-    """Right-padded (src + EOS, BOS + tgt, tgt + EOS) id tensors, each (B, T)."""
-    n = len(pairs)
-    s = max(len(src) for src, _ in pairs) + 1
-    t = max(len(tgt) for _, tgt in pairs) + 1
-    src = torch.full((n, s), PAD_ID, dtype=torch.long)
-    tgt_in = torch.full((n, t), PAD_ID, dtype=torch.long)
-    tgt_out = torch.full((n, t), PAD_ID, dtype=torch.long)
-    for i, (x, y) in enumerate(pairs):
-        src[i, : len(x)] = x
-        src[i, len(x)] = EOS
-        tgt_in[i, 0] = BOS
-        tgt_in[i, 1 : len(y) + 1] = y
-        tgt_out[i, : len(y)] = y
-        tgt_out[i, len(y)] = EOS
+def collate(data: ParallelData, idx: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Right-padded (src + EOS, BOS + tgt, tgt + EOS) id tensors, each (B, T), of the pairs `idx` of a
+    split, gathered straight from its memory-mapped ids: a few tensor ops a batch, none a pair."""
+    src_lens, tgt_lens = data.src_lens[idx], data.tgt_lens[idx]  # (B,)
+    src = padded_rows(data.src_ids, data.src_offsets[idx], src_lens, int(src_lens.max()) + 1, shift=0)
+    src.scatter_(1, src_lens[:, None], EOS)  # (B, S)
+    width = int(tgt_lens.max()) + 1
+    tgt_out = padded_rows(data.tgt_ids, data.tgt_offsets[idx], tgt_lens, width, shift=0)
+    tgt_out.scatter_(1, tgt_lens[:, None], EOS)  # (B, T)
+    tgt_in = padded_rows(data.tgt_ids, data.tgt_offsets[idx], tgt_lens, width, shift=1)
+    tgt_in[:, 0] = BOS  # (B, T)
     return src, tgt_in, tgt_out
+
+
+def padded_rows(ids: Tensor, starts: Tensor, lens: Tensor, width: int, shift: int) -> Tensor:
+    """(B, width) int64: row b holds ids[starts[b] : starts[b] + lens[b]] from column `shift` on, PAD
+    elsewhere (the special tokens' columns are written by the caller)."""
+    cols = torch.arange(width) - shift  # (W,)
+    inside = (cols >= 0) & (cols < lens[:, None])  # (B, W)
+    positions = torch.where(inside, starts[:, None] + cols, 0)  # (B, W) any valid index outside
+    return ids[positions].to(torch.int64).masked_fill_(~inside, PAD_ID)

@@ -102,14 +102,15 @@ class ParallelData:
 
     def __init__(self, prefix: Path):
         self.prefix = Path(prefix)
-        self._src, src_offsets = _map_side(self.prefix, "src")
-        self._tgt, tgt_offsets = _map_side(self.prefix, "tgt")
+        # ids memory-mapped in their stored dtype; offsets int64 (N+1,), sentence i is ids[o[i] : o[i+1]]
+        self.src_ids, src_offsets = _map_side(self.prefix, "src")
+        self.tgt_ids, tgt_offsets = _map_side(self.prefix, "tgt")
         if len(src_offsets) != len(tgt_offsets):
             raise DataError(
                 f"{self.prefix}.src.idx has {len(src_offsets) - 1} sentences but "
                 f"{self.prefix}.tgt.idx has {len(tgt_offsets) - 1}"
             )
-        self._src_offsets, self._tgt_offsets = src_offsets, tgt_offsets
+        self.src_offsets, self.tgt_offsets = src_offsets, tgt_offsets
         self.src_lens: torch.Tensor = src_offsets[1:] - src_offsets[:-1]  # (N,) int64
         self.tgt_lens: torch.Tensor = tgt_offsets[1:] - tgt_offsets[:-1]  # (N,) int64
 
@@ -117,12 +118,12 @@ class ParallelData:
         return len(self.src_lens)
 
     def src(self, i: int) -> torch.Tensor:
-        o = self._src_offsets
-        return self._src[o[i] : o[i + 1]].to(torch.int64)
+        o = self.src_offsets
+        return self.src_ids[o[i] : o[i + 1]].to(torch.int64)
 
     def tgt(self, i: int) -> torch.Tensor:
-        o = self._tgt_offsets
-        return self._tgt[o[i] : o[i + 1]].to(torch.int64)
+        o = self.tgt_offsets
+        return self.tgt_ids[o[i] : o[i + 1]].to(torch.int64)
 
 
 def _map_side(prefix: Path, side: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,83 @@
+"""Where a training process runs: its device, precision, threads and place in a torchrun job."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from nmt.config import Config
+from nmt.device import resolve_device, resolve_dtype
+from nmt.errors import NmtError
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """This process's device, autocast dtype (float32: no autocast) and rank in a distributed job."""
+
+    device: torch.device
+    dtype: torch.dtype
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def autocast(self):
+        if self.dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+    def describe(self, cfg: Config) -> str:
+        """What the run chose, in one line for the log (device, processes, threads, precision, compile)."""
+        precision = (
+            "fp32" if self.dtype == torch.float32 else f"{str(self.dtype).removeprefix('torch.')} autocast"
+        )
+        return (
+            f"running on: {self.device} x {self.world_size} process(es), {torch.get_num_threads()} threads "
+            f"each, precision {precision} (train.precision={cfg.train.precision}), "
+            f"compile {'on' if cfg.train.compile else 'off'}"
+        )
+
+
+def setup_runtime(cfg: Config) -> Runtime:
+    """Join the torchrun job when launched by it (NCCL on GPU, gloo on CPU); otherwise run alone."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    device = resolve_device(cfg.train.device, local)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    dtype = resolve_dtype(cfg.train.precision, device)
+    if dtype == torch.float16 and device.type != "cuda":
+        raise NmtError("train.precision: fp16 needs a CUDA GPU; use bf16 or fp32 on the CPU")
+    return Runtime(device=device, dtype=dtype, rank=rank, world_size=world, local_rank=local)
+
+
+def compile_for_training(net):
+    """torch.compile for variable batch shapes, computing the same numbers in every run.
+
+    Inductor's CPU kernels add into shared outputs from several threads in whatever order the threads
+    finish (embedding gradients, say): two identical runs with 2 threads ended 0.006 apart after 40
+    updates, so a resumed run could not be exact. Deterministic algorithms make those kernels keep one
+    order; and without duck sizing, a batch whose source and target lengths happen to be equal does
+    not get a graph of its own (which graph serves a batch would otherwise depend on which came first,
+    and so differ between an uninterrupted and a resumed run). Where compiling fails (no C++ compiler
+    for the CPU backend, say), dynamo falls back to eager.
+    """
+    import torch.fx.experimental._config as fx_config
+
+    torch._dynamo.config.suppress_errors = True
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    fx_config.use_duck_shape = False
+    return torch.compile(net, dynamic=True)

@@ -1,0 +1,78 @@
+"""One update of the paper's recipe (section 5.3): set the rate, forward/backward over the update's
+micro-batches with the label-smoothed loss, clip, and step Adam, or skip an update that is not finite.
+
+`train_step` is what `nmt train` runs each update and what the throughput benchmark times, so the two
+cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from nmt.data.loader import Update
+from nmt.loss import label_smoothed_nll
+from nmt.model import PAD_ID
+from nmt.runtime import Runtime
+
+
+def train_step(
+    net,
+    model,
+    optimizer,
+    scaler,
+    update: Update,
+    lr: float,
+    label_smoothing: float,
+    clip_norm: float,
+    rt: Runtime,
+) -> tuple[Tensor | None, Tensor]:
+    """Run one update; returns (the gradient norm, or None when it was not finite and the update was
+    skipped; the summed (loss, nll) of its target tokens, on the device)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    # The loss is normalised by the target tokens of the whole update on all ranks, so the gradients
+    # equal those of one big batch; DDP averages over ranks, which the world size undoes.
+    total = update.target_tokens
+    if rt.world_size > 1:
+        total = total.clone()
+        dist.all_reduce(total)
+    norm = rt.world_size / total
+    sums = forward_backward(net, update.batches, norm, label_smoothing, rt, scaler)
+    return optimizer_step(model, optimizer, scaler, clip_norm), sums
+
+
+def forward_backward(net, batches, norm: Tensor, label_smoothing: float, rt: Runtime, scaler) -> Tensor:
+    """Accumulate the gradients of one update's micro-batches; returns the summed (loss, nll).
+
+    `norm` scales each micro-batch's summed loss. Under DDP only the last micro-batch all-reduces.
+    """
+    sums = torch.zeros(2, device=rt.device)
+    last = len(batches) - 1
+    for i, (src, tgt_in, tgt_out) in enumerate(batches):
+        sync = i == last or rt.world_size == 1
+        with contextlib.nullcontext() if sync else net.no_sync(), rt.autocast():
+            logits = net(src, tgt_in)  # (B, T, V)
+            loss, nll = label_smoothed_nll(logits, tgt_out, label_smoothing, PAD_ID)
+        (scaler.scale(loss * norm) if scaler else loss * norm).backward()
+        sums += torch.stack([loss.detach(), nll.detach()])
+    return sums
+
+
+def optimizer_step(model, optimizer, scaler, clip_norm: float) -> Tensor | None:
+    """Clip (when asked) and step; returns the gradient norm, or None when it was not finite (skipped)."""
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm or math.inf)
+    finite = bool(torch.isfinite(grad_norm))  # the one host-device sync of an update
+    if scaler is not None:
+        scaler.step(optimizer)  # skips by itself on inf/NaN
+        scaler.update()
+    elif finite:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm if finite else None

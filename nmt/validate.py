@@ -1,0 +1,45 @@
+"""Validation during training: label-smoothed loss and perplexity, and BLEU of greedy translations."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from nmt.config import Config
+from nmt.data.batching import collate, epoch_batches
+from nmt.data.loader import TrainData
+from nmt.loss import label_smoothed_nll, perplexity
+from nmt.model import PAD_ID, Transformer
+from nmt.runtime import Runtime
+
+
+@torch.no_grad()
+def validate(model: Transformer, data: TrainData, cfg: Config, rt: Runtime) -> dict:
+    """Loss, nll and perplexity per target token on the validation pairs, and (train.valid_bleu) the
+    BLEU of their greedy translations."""
+    model.eval()
+    loss_sum = nll_sum = tokens = 0.0
+    for idx in epoch_batches(data.valid.src_lens, data.valid.tgt_lens, cfg.train.batch_tokens, 0, 0):
+        src, tgt_in, tgt_out = (t.to(rt.device) for t in collate(data.valid, idx))
+        with rt.autocast():
+            logits = model(src, tgt_in)  # (B, T, V)
+        loss, nll = label_smoothed_nll(logits, tgt_out, cfg.train.label_smoothing, PAD_ID)
+        loss_sum, nll_sum = loss_sum + loss.item(), nll_sum + nll.item()
+        tokens += int((tgt_out != PAD_ID).sum())
+    result = {
+        "loss": loss_sum / tokens,
+        "nll": nll_sum / tokens,
+        "ppl": perplexity(nll_sum / tokens),
+        "bleu": None,
+    }
+    if cfg.train.valid_bleu:
+        from nmt.score import bleu
+        from nmt.translate import Translator
+
+        greedy = dataclasses.replace(cfg.decode, beam=1, nbest=1)
+        with rt.autocast():
+            hyps = Translator(model, data.subword, greedy, rt.device).translate(data.valid_src)
+        result["bleu"] = bleu(hyps, [data.valid_ref])
+    model.train()
+    return result
