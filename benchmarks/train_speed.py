@@ -1,34 +1,48 @@
-"""Training speed side by side with other toolkits, in the configuration they were measured in.
+"""Training speed side by side with fairseq: the same data, model, batches and threads, one after the other.
 
-    python benchmarks/train_speed.py                                  # synthetic Multi30k-like lengths
-    python benchmarks/train_speed.py --data runs/multi30k-en-de --record
+    python benchmarks/train_speed.py --minutes 4                       # nmt alone when fairseq is absent
+    PEERS=$HOME/nmt-peers python benchmarks/train_speed.py --minutes 4 --record
 
-The peers' configuration: the multi30k-en-de recipe with a 3+3-layer post-norm Transformer, d_model 256,
-4 heads, d_ff 1024, an 8000-subword vocabulary and batches of 4096 tokens, in fp32 on 2 CPU threads. The
-peers' figures were measured on a 2-core machine whose fp32 matmul ran at 200 GFLOP/s; a CPU's speed on
-this model follows its matmul rate, so each of their figures (and the target) is scaled by
-measured rate / 200 GFLOP/s before comparing. Everything else is train_throughput's measurement.
+What runs is what users run: `nmt train` (and `fairseq-train`) as processes, each for --minutes of
+training, one after the other on this machine. Nothing is scaled or taken from another day: a figure
+is a run of this sitting.
+
+The configuration is the peers' (../shared/peers/README.md): Multi30k EN-DE, a 3+3-layer post-norm
+Transformer, d_model 256, 4 heads, d_ff 1024, dropout 0.1, shared embeddings, label smoothing 0.1, an
+8000-subword joint vocabulary, 4096-token batches, warm-up 1000 to a peak of 1e-3, 2 threads. fairseq
+0.12.3 runs when $PEERS (or --peers) holds the venv and binarized data that the scripts in
+../shared/peers/ make (install_fairseq.sh, prep_multi30k.sh); otherwise only nmt's rows are printed.
+
+nmt variants (--variants): `fp32` (fp32, eager), `default` (the recipe's precision, i.e. bf16 autocast
+on a CPU that multiplies bf16 natively, eager) and `compiled` (the recipe's precision, torch.compile,
+compilation inside the budget).
+
+Figures: target tokens/s as each trainer logs it (nmt's `tokens_per_s` in metrics.jsonl, fairseq's
+`wps`; both count target tokens with EOS, data loading included, validation excluded), median of the
+log lines after the first quarter (warm-up and compilation); peak RSS of the process (os.wait4), which
+for nmt includes its data loader thread.
 """
 
 from __future__ import annotations
 
+import argparse
+import datetime
 import json
+import os
+import re
+import shlex
+import shutil
+import statistics
+import subprocess
 import sys
-from collections.abc import Sequence
+import time
+from dataclasses import dataclass
+from pathlib import Path
 
-from train_throughput import (
-    GIB,
-    MULTI30K_LENGTHS,
-    command_line,
-    parser,
-    record,
-    record_entry,
-    report_lines,
-    run,
-)
+import results_file  # benchmarks/results_file.py: these scripts run with benchmarks/ on sys.path
 
-from nmt.errors import NmtError
-
+RESULTS = results_file.RESULTS
+SECTION = "## Training speed side by side"
 RECIPE = "multi30k-en-de"
 OVERRIDES = (
     "model.encoder_layers=3",
@@ -37,76 +51,152 @@ OVERRIDES = (
     "model.heads=4",
     "model.d_ff=1024",
     "model.norm=post",
-    "model.dropout=0.1",  # the peers' scaled-down paper recipe keeps P_drop 0.1 (the nmt recipe drops it)
+    "model.dropout=0.1",
     "data.vocab_size=8000",
     "train.batch_tokens=4096",
     "train.update_tokens=4096",
-    "train.precision=fp32",
+    "train.warmup=1000",
+    "train.peak_lr=0.001",
+    "train.validate_every=1000000",
+    "train.save_every=1000000",
+    "train.log_every=10",
 )
-PEER_MATMUL_RATE = 200e9  # FLOP/s of fp32 matmul on the machine the peers' figures come from
-TARGET = 2600  # target tokens/s at PEER_MATMUL_RATE
-TARGET_MEMORY = 1.6  # GiB
-# (toolkit, target tokens/s at PEER_MATMUL_RATE, peak memory in GiB or None when not published)
-PEERS = (
-    ("fairseq 0.12.3", 1730, 1.6),
-    ("OpenNMT-py 3.5.1", 1630, 3.5),
-    ("Sockeye 3.1", 1640, None),
-    ("JoeyNMT 2.3", 640, None),
-)
+VARIANTS = {
+    "fp32": ("train.precision=fp32", "train.compile=false"),
+    "default": ("train.compile=false",),
+    "compiled": ("train.compile=true",),
+}
+FAIRSEQ = "fairseq 0.12.3 fp32"
 
 
-def comparison(figures: dict) -> list[tuple[str, str, str, str]]:
-    """Rows (system, target tokens/s here, ratio to nmt, peak memory), peers scaled to this machine."""
-    scale = figures["matmul_flops_per_s"] / PEER_MATMUL_RATE
-    ours = figures["target_tokens_per_s"]
-    rows = [("nmt (this run)", f"{ours:,.0f}", "1.00", f"{figures['peak_memory_bytes'] / GIB:.2f} GiB")]
-    for name, speed, memory in PEERS:
-        rows.append(
-            (
-                name,
-                f"{speed * scale:,.0f} ({speed:,})",
-                f"{ours / (speed * scale):.2f}",
-                f"{memory} GiB" if memory is not None else "n/a",
-            )
-        )
-    rows.append(
-        ("target", f"{TARGET * scale:,.0f} ({TARGET:,})", f"{ours / (TARGET * scale):.2f}", "<= 1.6 GiB")
+@dataclass
+class Row:
+    system: str
+    tokens_per_s: float
+    peak_rss: float  # GiB
+    log_lines: int
+
+
+def median_after_warmup(values: list[float]) -> float:
+    """Median of the values after the first quarter (warm-up, compilation); nan when there are none."""
+    return statistics.median(values[len(values) // 4 :]) if values else float("nan")
+
+
+def run_timed(cmd: list[str], log: Path, env: dict) -> float:
+    """Run `cmd` to the end with its output in `log`; returns its peak RSS in GiB."""
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        print(f"warning: {cmd[0]} exited {proc.returncode}; see {log}", file=sys.stderr)
+    return usage.ru_maxrss / 2**20  # KiB -> GiB
+
+
+def nmt_row(name: str, overrides: tuple[str, ...], data: Path, out: Path, args, env: dict) -> Row:
+    workdir = out / f"nmt-{name}"
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    (workdir / "data").symlink_to(data.resolve())
+    sets = [*OVERRIDES, f"train.threads={args.threads}", f"train.max_minutes={args.minutes}", *overrides]
+    sets += args.set or []
+    cmd = [sys.executable, "-m", "nmt", "train", RECIPE, "--workdir", str(workdir)]
+    cmd += [a for s in sets for a in ("--set", s)]
+    rss = run_timed(cmd, out / f"nmt-{name}.log", env)
+    metrics = workdir / "metrics.jsonl"
+    records = [json.loads(line) for line in metrics.open()] if metrics.exists() else []
+    speeds = [r["tokens_per_s"] for r in records if r.get("kind") == "train"]
+    return Row(f"nmt {name}", median_after_warmup(speeds), rss, len(speeds))
+
+
+def fairseq_row(peers: Path, out: Path, args, env: dict) -> Row:
+    cmd = [str(peers / "venv-fairseq" / "bin" / "fairseq-train"), str(peers / "fairseq" / "data-bin")]
+    cmd += shlex.split(
+        "--cpu --num-workers 0 --seed 1 --source-lang en --target-lang de --arch transformer "
+        "--encoder-layers 3 --decoder-layers 3 --encoder-embed-dim 256 --decoder-embed-dim 256 "
+        "--encoder-ffn-embed-dim 1024 --decoder-ffn-embed-dim 1024 --encoder-attention-heads 4 "
+        "--decoder-attention-heads 4 --share-all-embeddings --dropout 0.1 --attention-dropout 0.0 "
+        "--activation-dropout 0.0 --criterion label_smoothed_cross_entropy --label-smoothing 0.1 "
+        "--optimizer adam --adam-betas (0.9,0.98) --adam-eps 1e-9 --clip-norm 0.0 --lr 1e-3 "
+        "--lr-scheduler inverse_sqrt --warmup-updates 1000 --warmup-init-lr 1e-7 --max-tokens 4096 "
+        "--no-save --disable-validation --log-format simple --log-interval 10"
     )
-    return rows
+    cmd += ["--stop-time-hours", str(args.minutes / 60), "--save-dir", str(out / "fairseq-ckpt")]
+    log = out / "fairseq.log"
+    rss = run_timed(cmd, log, env)
+    speeds = [float(x) for x in re.findall(r"wps=(\d+(?:\.\d+)?)", log.read_text(errors="replace"))]
+    return Row(FAIRSEQ, median_after_warmup(speeds), rss, len(speeds))
 
 
-def table(figures: dict) -> list[str]:
-    scale = figures["matmul_flops_per_s"] / PEER_MATMUL_RATE
-    return [
-        f"peers scaled by this machine's matmul rate: {figures['matmul_flops_per_s'] / 1e9:.0f} / "
-        f"{PEER_MATMUL_RATE / 1e9:.0f} GFLOP/s = {scale:.2f} (published figure in brackets)",
-        "",
-        "| system | target tokens/s | nmt / system | peak memory |",
-        "| --- | --- | --- | --- |",
-        *(f"| {' | '.join(row)} |" for row in comparison(figures)),
-    ]
+def has_fairseq(peers: Path | None) -> bool:
+    return (
+        bool(peers)
+        and (peers / "venv-fairseq" / "bin" / "fairseq-train").exists()
+        and (peers / "fairseq" / "data-bin").is_dir()
+    )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    p = parser(__doc__.split("\n\n")[0])
-    p.add_argument("--threads", type=int, default=2, help="CPU threads (default 2, as the peers)")
-    p.set_defaults(device="cpu", updates=12, warmup_updates=3, windows=3)
+def table(rows: list[Row]) -> list[str]:
+    base = next((r.tokens_per_s for r in rows if r.system == FAIRSEQ), None)
+    head = "| system | target tok/s | vs fairseq | peak RSS | log lines |"
+    lines = [head, "| --- | --- | --- | --- | --- |"]
+    for r in rows:
+        ratio = f"{r.tokens_per_s / base:.2f}" if base else "n/a"
+        lines.append(
+            f"| {r.system} | {r.tokens_per_s:,.0f} | {ratio} | {r.peak_rss:.2f} GiB | {r.log_lines} |"
+        )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--data", type=Path, required=True, help="the data/ folder of `nmt preprocess multi30k-en-de`"
+    )
+    p.add_argument("--minutes", type=float, default=4.0, help="training minutes per system (default 4)")
+    p.add_argument("--threads", type=int, default=2, help="CPU threads for every system (default 2)")
+    p.add_argument("--variants", default="fp32,default,compiled", help="nmt variants, comma-separated")
+    p.add_argument("--peers", type=Path, default=os.environ.get("PEERS"), help="fairseq's folder (or $PEERS)")
+    p.add_argument("--out", type=Path, default=Path("runs/train-speed"), help="scratch folder for the runs")
+    p.add_argument("--set", action="append", help="extra nmt override KEY=VALUE (repeatable)")
+    p.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
+    p.add_argument("--results", type=Path, default=RESULTS, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    try:
-        _, figures = run(RECIPE, args, MULTI30K_LENGTHS, [*OVERRIDES, f"train.threads={args.threads}"])
-    except NmtError as e:
-        print(f"error: {e}", file=sys.stderr)
+    unknown = [v for v in args.variants.split(",") if v not in VARIANTS]
+    if unknown or not (args.data / "train.src.idx").exists():
+        print(
+            f"error: unknown variant {unknown[0]!r}" if unknown else f"error: {args.data}: no nmt data",
+            file=sys.stderr,
+        )
         return 2
-    figures["comparison"] = comparison(figures)
-    if args.json:
-        print(json.dumps(figures, indent=1))
+    args.out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
+    rows, started = [], time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    if has_fairseq(args.peers):
+        rows.append(fairseq_row(args.peers, args.out, args, env))
     else:
-        print("\n".join(report_lines(f"{RECIPE} (peers' configuration)", figures)))
-        print("\n".join(table(figures)))
+        print("fairseq not found (set PEERS to the folder of ../shared/peers/install_fairseq.sh): nmt only")
+    for name in args.variants.split(","):
+        rows.append(nmt_row(name, VARIANTS[name], args.data, args.out, args, env))
+    lines = table(rows)
+    print("\n".join(lines))
     if args.record:
-        title = f"{RECIPE} in the peers' configuration, cpu fp32"
-        entry = record_entry(title, command_line(__file__, argv), figures, after=table(figures))
-        record(entry, args.results)
+        command = shlex.join(
+            ["python", "benchmarks/train_speed.py", *(argv if argv is not None else sys.argv[1:])]
+        )
+        entry = "\n".join(
+            [
+                f"### {started}: peers' configuration, {args.minutes:g} minutes each, {args.threads} threads",
+                "",
+                f"Machine: {results_file.machine_name('cpu')}, {os.cpu_count()} cores. Command: `{command}`"
+                f"{' (PEERS set)' if has_fairseq(args.peers) else ''}. Recorded "
+                f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC.",
+                "",
+                *lines,
+                "",
+            ]
+        )
+        results_file.record(entry, SECTION, args.results)
     return 0
 
 
