@@ -176,6 +176,8 @@ class Loader:
 
     def _fill(self, data: ParallelData, plan: Iterator[PlannedUpdate], pin: bool) -> None:
         try:
+            if pin:  # pin through this rank's GPU, not a new context on GPU 0 (as torch's DataLoader does)
+                torch.cuda.set_device(self.device)
             for planned in plan:
                 if not self._put(prepare(data, planned, pin)):
                     return
