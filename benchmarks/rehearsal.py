@@ -592,7 +592,9 @@ def report(r: dict) -> str:
         f" preprocessing {ex['minutes']:,.0f} min, data/ {ex['data_gib']:,.1f} GiB,"
         f" download cache {ex['cache_gib']:,.1f} GiB,"
         f" peak RSS {ex['peak_rss_gib']:.2f} GiB (this run's peak + 16 bytes of offsets per extra pair; the"
-        " SentencePiece sample is capped by data.spm_sample_sentences).",
+        " SentencePiece sample is capped by data.spm_sample_sentences). The subword step's time is mostly"
+        " SentencePiece training on that capped sample, which does not grow with the corpus, so its"
+        " linear extrapolation is an upper bound.",
     ]
     t = r.get("train")
     if t:
