@@ -25,7 +25,9 @@
              the disk used by W/data and W/cache once the step is done.
 3. train     `torchrun --standalone --nproc-per-node 2 -m nmt train` on the CPU (gloo) with
              train.max_minutes=--minutes: SIGTERM part-way (the trainer saves and exits), then the same
-             command again, which must log "resuming from", until the time budget ends it. The model is
+             command again, which must log "resuming from", until the time budget ends it. The signal
+             goes to the ranks, as a scheduler's preemption does: sent to torchrun, it is passed on, but
+             torchrun kills the ranks 30 s later, before a CPU update of 25000 tokens has ended. The model is
              shrunk for a CPU (--model-set, default 3+3 layers of d_model 256) and the micro-batch too
              (train.batch_tokens 3125: the recipe's 12500-token batch needs 4-6 GB per process for the
              37k-way logits), with the recipe's update of 25000 tokens kept by gradient accumulation;
@@ -481,7 +483,11 @@ def run_train(
             for pid in children(proc.pid):
                 peaks[pid] = max(peaks.get(pid, 0), rss_bytes(pid))
             if kill_after_step is not None and not killed and last_step(metrics) >= kill_after_step:
-                proc.send_signal(signal.SIGTERM)  # torchrun passes it on to the ranks
+                # As a scheduler preempting the job would: SIGTERM to the ranks themselves. Sent to
+                # torchrun, it is passed on, but torchrun kills the ranks 30 s later, and a CPU update of
+                # 25000 tokens takes longer than that to finish before the rank can save.
+                for pid in children(proc.pid):
+                    os.kill(pid, signal.SIGTERM)
                 killed = True
             if time.monotonic() - start > deadline_s:
                 os.killpg(proc.pid, signal.SIGKILL)
