@@ -25,7 +25,8 @@
              the disk used by W/data and W/cache once the step is done.
 3. train     `torchrun --standalone --nproc-per-node 2 -m nmt train` on the CPU (gloo) with
              train.max_minutes=--minutes: SIGTERM part-way (the trainer saves and exits), then the same
-             command again, which must log "resuming from", until the time budget ends it. The signal
+             command again with train.max_minutes doubled, which must log "resuming from", until that
+             budget ends it. The signal
              goes to the ranks, as a scheduler's preemption does: sent to torchrun, it is passed on, but
              torchrun kills the ranks 30 s later, before a CPU update of 25000 tokens has ended. The model is
              shrunk for a CPU (--model-set, default 3+3 layers of d_model 256) and the micro-batch too
@@ -348,6 +349,9 @@ class Watched:
     log: Path
     lines: list[str] = field(default_factory=list)
     peak_rss: int = 0  # the whole run, from wait4
+    cpu_seconds: float = (
+        0.0  # user + system, from wait4: what a machine shared with other jobs cannot inflate
+    )
     returncode: int = 0
     seconds: float = 0.0
 
@@ -412,6 +416,7 @@ def run_preprocess(
     sampler.join()
     watched.returncode, watched.peak_rss = proc.returncode, usage.ru_maxrss * 1024
     watched.seconds = time.monotonic() - start
+    watched.cpu_seconds = usage.ru_utime + usage.ru_stime
     if proc.returncode != 0:
         raise SystemExit(f"nmt preprocess failed (exit {proc.returncode}); see {watched.log}")
     return [steps[s] for s in STEPS if s in steps], watched
@@ -581,7 +586,8 @@ def report(r: dict) -> str:
     out = [
         f"- corpus: {pairs:,} synthetic pairs ({_counts(r['corpus']['pairs'])}),"
         f" generated in {r['corpus']['seconds']:,.0f} s; archives {r['corpus']['bytes'] / GiB:.2f} GiB",
-        f"- preprocess: {whole['seconds'] / 60:.1f} min wall,"
+        f"- preprocess: {whole['seconds'] / 60:.1f} min wall, {whole['cpu_seconds'] / 60:.1f} min of CPU"
+        f" (user + system; load average {r['load']:.1f} at the end),"
         f" peak RSS {whole['peak_rss'] / GiB:.2f} GiB (wait4);"
         f" kept {r['stats']['kept']:,} of {r['stats']['lines']:,} pairs"
         f" (dropped: {_counts(r['stats']['dropped'])});"
@@ -661,7 +667,13 @@ def train_part(args, workdir: Path, recipe: Path) -> dict:
     deadline = args.minutes * 60 * 3 + 600
     first = run_train(argv, env, log, kill_after_step=args.kill_after, deadline_s=deadline)
     steps_first = last_step(workdir / "metrics.jsonl")
-    second = run_train(argv, env, log, kill_after_step=None, deadline_s=deadline)
+    # The budget counts the first run's time, validation and saving included: give the resumed run
+    # another --minutes, so that it trains some updates whatever the first run spent.
+    again = [
+        a if not a.startswith("--set=train.max_minutes=") else f"--set=train.max_minutes={2 * args.minutes}"
+        for a in argv
+    ]
+    second = run_train(again, env, log, kill_after_step=None, deadline_s=deadline)
     records = train_records(workdir / "metrics.jsonl")
     rows = []
     for name, run, lo, hi in (
@@ -670,9 +682,9 @@ def train_part(args, workdir: Path, recipe: Path) -> dict:
     ):
         mine = [x for x in records if lo < x["step"] <= hi]
         per_update = (
-            (mine[-1]["elapsed"] - mine[0]["elapsed"]) / (len(mine) - 1) if len(mine) > 1 else float("nan")
+            f"{(mine[-1]['elapsed'] - mine[0]['elapsed']) / (len(mine) - 1):.1f}" if len(mine) > 1 else "-"
         )
-        tok = sorted(x["tokens_per_s"] for x in mine[1:]) or [float("nan")]
+        tok = sorted(x["tokens_per_s"] for x in mine[1:])
         rows.append(
             [
                 name,
@@ -680,8 +692,8 @@ def train_part(args, workdir: Path, recipe: Path) -> dict:
                 str(run.returncode),
                 "yes" if run.resumed else "no",
                 str(len(mine)),
-                f"{per_update:.1f}",
-                f"{tok[len(tok) // 2]:,.0f}",
+                per_update,
+                f"{tok[len(tok) // 2]:,.0f}" if tok else "-",
                 ", ".join(f"{b / GiB:.2f}" for b in run.rank_peak_rss),
             ]
         )
@@ -766,10 +778,15 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "pairs": args.pairs,
         "corpus": corpus,
-        "preprocess": {"seconds": whole.seconds, "peak_rss": whole.peak_rss},
+        "preprocess": {
+            "seconds": whole.seconds,
+            "peak_rss": whole.peak_rss,
+            "cpu_seconds": whole.cpu_seconds,
+        },
         "steps": preprocess_rows(steps, args.pairs),
         "step_figures": [vars(s) for s in steps],
         "stats": stats,
+        "load": os.getloadavg()[0],
         "extrapolation": extrapolation(steps, args.pairs, whole),
         "command_preprocess": shlex.join(
             ["nmt", "preprocess", str(recipe), "--workdir", str(run), "--mirror", str(mirror)]
