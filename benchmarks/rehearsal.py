@@ -524,13 +524,13 @@ def train_records(metrics: Path) -> list[dict]:
 GiB, MiB = 1 << 30, 1 << 20
 
 
-def loader_speed(data: Path) -> str | None:
+def loader_speed(workdir: Path) -> str | None:
     """The figures of benchmarks/loader_speed.py on the binarized data, when that benchmark exists."""
     script = Path(__file__).resolve().parent / "loader_speed.py"
     if not script.exists():
         return None
     done = subprocess.run(
-        [sys.executable, str(script), "--data", str(data)], capture_output=True, text=True, check=False
+        [sys.executable, str(script), "--data", str(workdir)], capture_output=True, text=True, check=False
     )
     return (done.stdout.strip() or done.stderr.strip()[-2000:]) or f"exit {done.returncode}"
 
@@ -697,7 +697,7 @@ def train_part(args, workdir: Path, recipe: Path) -> dict:
                 ", ".join(f"{b / GiB:.2f}" for b in run.rank_peak_rss),
             ]
         )
-    loader = loader_speed(workdir / "data")
+    loader = loader_speed(workdir)
     return {
         "command": "`" + shlex.join(["torchrun", *argv[1:]]) + "`",
         "model": ", ".join(o for o in overrides if o.startswith("model.")) or "the recipe's",
