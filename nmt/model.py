@@ -8,9 +8,10 @@ front of each sub-layer (and adds one after each stack); attention and activatio
 
 Besides `forward` (teacher forcing), the decoder offers the incremental contract that search uses:
 `init_state(memory, src_keep, max_len)`, `step(tokens, state) -> (logits, state)`,
-`reorder_beams(state, rows)` and `select_rows(state, rows)`. The state is explicit: preallocated
-self-attention keys/values for every layer, and encoder keys/values for cross-attention projected once
-per sentence.
+`reorder_beams(state, rows)` and `select_rows(state, rows)`. The state is explicit: self-attention
+keys/values for every layer, in a cache that grows in blocks of CACHE_BLOCK positions as the output does
+(most sentences stop long before their length limit), and encoder keys/values for cross-attention
+projected once per sentence.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from torch import Tensor, nn
 from nmt.config import ModelConfig
 
 PAD_ID = 0
+# The self-attention cache grows by this many positions at a time, up to the state's max_len.
+CACHE_BLOCK = 16
 
 
 def sinusoidal_positions(length: int, d_model: int) -> Tensor:
@@ -147,14 +150,13 @@ class DecoderLayer(nn.Module):
     def step(
         self, y: Tensor, cache_kv: Tensor, t: int, mem_k: Tensor, mem_v: Tensor, src_keep: Tensor
     ) -> Tensor:
-        """One position: y (N, 1, D); cache_kv (2, N, H, T_max, K) receives this position's keys/values."""
+        """One position: y (N, 1, D); cache_kv (2, N, H, C, K) receives this position's keys/values."""
 
         def cached_self_attention(h: Tensor) -> Tensor:
             attn = self.self_attn
-            q, k, v = attn.split_heads(attn.qkv_proj(h))  # each (N, H, 1, K)
-            cache_kv[0, :, :, t : t + 1] = k
-            cache_kv[1, :, :, t : t + 1] = v
-            return attn.attend(q, cache_kv[0, :, :, : t + 1], cache_kv[1, :, :, : t + 1], None)
+            qkv = attn.split_heads(attn.qkv_proj(h))  # (3, N, H, 1, K)
+            cache_kv[:, :, :, t : t + 1] = qkv[1:]
+            return attn.attend(qkv[0], cache_kv[0, :, :, : t + 1], cache_kv[1, :, :, : t + 1], None)
 
         y = self.res_self(y, cached_self_attention)
         y = self.res_cross(y, lambda h: self.cross_attn.cross_attention(h, mem_k, mem_v, src_keep))
@@ -163,12 +165,22 @@ class DecoderLayer(nn.Module):
 
 @dataclass
 class DecoderState:
-    """Everything the decoder remembers between steps, for N = sentences x beam rows."""
+    """Everything the decoder remembers between steps, for N = sentences x beam rows.
 
-    self_kv: Tensor  # (L, 2, N, H, T_max, K): this sentence's own keys/values, filled up to `length`
+    Rows move (beam selection, finished sentences leaving) by gathering the filled positions of the cache
+    into `spare`, which then becomes the cache: one copy, and no allocation while the shapes stay.
+    """
+
+    self_kv: Tensor  # (L, 2, R, H, C, K), R >= N rows, C positions: rows :N, positions :length are filled
+    spare: Tensor  # (L, 2, R, H, C, K): where the next gather of rows writes
     mem_kv: Tensor  # (L, 2, N, H, S, K): encoder keys/values, projected once
     src_keep: Tensor  # (N, 1, 1, S)
+    max_len: int  # positions the search may step through: the cache never grows beyond them
     length: int = 0  # target positions decoded so far
+
+    @property
+    def rows(self) -> int:
+        return self.src_keep.shape[0]
 
 
 class Transformer(nn.Module):
@@ -233,19 +245,30 @@ class Transformer(nn.Module):
     # ---- incremental decoding ------------------------------------------------------------------------
 
     def init_state(self, memory: Tensor, src_keep: Tensor, max_len: int) -> DecoderState:
-        """Project the encoder output for cross-attention once and allocate the self-attention cache."""
-        n, s, _ = memory.shape
-        cfg = self.cfg
+        """Encoder keys/values for cross-attention, projected once; a self-attention cache one block long."""
         mem_kv = torch.stack([torch.stack(layer.cross_attn.memory_kv(memory)) for layer in self.decoder])
-        self_kv = memory.new_zeros(len(self.decoder), 2, n, cfg.heads, max_len, cfg.d_model // cfg.heads)
-        return DecoderState(self_kv=self_kv, mem_kv=mem_kv, src_keep=src_keep)
+        self_kv = self.empty_cache(memory, memory.shape[0], min(CACHE_BLOCK, max_len))
+        return DecoderState(self_kv, torch.empty_like(self_kv), mem_kv, src_keep, max_len)
+
+    def empty_cache(self, like: Tensor, rows: int, positions: int) -> Tensor:
+        """Self-attention keys/values (L, 2, rows, H, positions, K), uninitialized: only filled are read."""
+        cfg = self.cfg
+        return like.new_empty(len(self.decoder), 2, rows, cfg.heads, positions, cfg.d_model // cfg.heads)
 
     def step(self, tokens: Tensor, state: DecoderState) -> tuple[Tensor, DecoderState]:
         """Feed the last token of every row: (N,) ids -> logits (N, V) for the next position."""
-        t = state.length
+        t, n = state.length, state.rows
+        if t == state.self_kv.shape[4]:  # the cache is full: grow it by a block
+            if t >= state.max_len:
+                raise ValueError(f"step {t + 1} is past the {state.max_len} positions of init_state")
+            grown = self.empty_cache(state.self_kv, n, min(t + CACHE_BLOCK, state.max_len))
+            grown[:, :, :, :, :t] = state.self_kv[:, :, :n, :, :t]
+            state.self_kv, state.spare = grown, torch.empty_like(grown)
         y = self.embed_tokens(tokens[:, None], offset=t)  # (N, 1, D)
         for i, layer in enumerate(self.decoder):
-            y = layer.step(y, state.self_kv[i], t, state.mem_kv[i, 0], state.mem_kv[i, 1], state.src_keep)
+            y = layer.step(
+                y, state.self_kv[i, :, :n], t, state.mem_kv[i, 0], state.mem_kv[i, 1], state.src_keep
+            )
         state.length = t + 1
         return self.output(y[:, 0]), state
 
@@ -254,18 +277,27 @@ class Transformer(nn.Module):
 
         Rows of one sentence share their encoder keys/values, so only the filled self-attention cache moves.
         """
-        t = state.length
-        state.self_kv[:, :, :, :, :t] = state.self_kv[:, :, rows, :, :t]
-        return state
+        return self.gather_cache(state, rows)
 
     def select_rows(self, state: DecoderState, rows: Tensor) -> DecoderState:
-        """Keep only `rows`, in that order (finished sentences leave the batch)."""
-        return DecoderState(
-            self_kv=state.self_kv.index_select(2, rows),
-            mem_kv=state.mem_kv.index_select(2, rows),
-            src_keep=state.src_keep.index_select(0, rows),
-            length=state.length,
-        )
+        """Keep only `rows`, in that order (finished sentences leave the batch; beams are made).
+
+        `rows` may take any rows, so one call both reorders beams and drops finished sentences.
+        """
+        state = self.gather_cache(state, rows)
+        state.mem_kv = state.mem_kv.index_select(2, rows)
+        state.src_keep = state.src_keep.index_select(0, rows)
+        return state
+
+    def gather_cache(self, state: DecoderState, rows: Tensor) -> DecoderState:
+        """Row i of the self-attention cache takes row rows[i]'s filled positions: one copy into the spare."""
+        t, n, capacity = state.length, rows.shape[0], state.self_kv.shape[4]
+        # More rows than the buffers hold (the beams are being made): two new buffers of n rows.
+        fits = n <= state.spare.shape[2]
+        target = state.spare if fits else self.empty_cache(state.self_kv, n, capacity)
+        torch.index_select(state.self_kv[:, :, :, :, :t], 2, rows, out=target[:, :, :n, :, :t])
+        state.self_kv, state.spare = target, state.self_kv if fits else torch.empty_like(target)
+        return state
 
 
 def count_parameters(model: nn.Module) -> int:
