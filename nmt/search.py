@@ -111,8 +111,10 @@ def step_log_probs(logits: Tensor, at_limit: Tensor | None, masks: TokenMasks, b
 
     Rows at their length limit may only emit EOS; before min_len no row may emit EOS; no row may emit
     PAD or BOS. `at_limit` None: no row is at its limit (the usual step, one pass less over (N, V)).
+    The logits are the step's own: they are overwritten, which saves an (N, V) buffer each step.
     """
-    lprobs = torch.log_softmax(logits.to(masks.free.dtype), dim=-1)
+    logits = logits.to(masks.free.dtype)
+    lprobs = torch.log_softmax(logits, dim=-1, out=logits)
     mask = masks.no_eos if before_min else masks.free  # (V,)
     if at_limit is None:
         return lprobs.add_(mask)
@@ -169,9 +171,12 @@ class Sampler:
 
 
 def expand_scores(scores: Tensor, lprobs: Tensor) -> Tensor:
-    """score(y_1..t w) = score(y_1..t) + log p(w | y_1..t, x): (B, K) and (B*K, V) -> (B, K*V)."""
+    """score(y_1..t w) = score(y_1..t) + log p(w | y_1..t, x): (B, K) and (B*K, V) -> (B, K*V).
+
+    Written into `lprobs`, which the step no longer needs.
+    """
     b, k = scores.shape
-    return (scores[:, :, None] + lprobs.view(b, k, -1)).view(b, -1)  # (B, K, V) -> (B, K*V)
+    return lprobs.view(b, k, -1).add_(scores[:, :, None]).view(b, -1)  # (B, K, V) -> (B, K*V)
 
 
 def top_candidates(cand: Tensor, n: int, vocab: int) -> tuple[Tensor, Tensor, Tensor]:
