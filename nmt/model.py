@@ -7,11 +7,11 @@ Deviations from the paper, each optional and off in the paper recipes: `norm: pr
 front of each sub-layer (and adds one after each stack); attention and activation dropout.
 
 Besides `forward` (teacher forcing), the decoder offers the incremental contract that search uses:
-`init_state(memory, src_keep, max_len)`, `step(tokens, state) -> (logits, state)`,
+`init_state(memory, src_keep, max_len, beam)`, `step(tokens, state) -> (logits, state)`,
 `reorder_beams(state, rows)` and `select_rows(state, rows)`. The state is explicit: self-attention
-keys/values for every layer, in a cache that grows in blocks of CACHE_BLOCK positions as the output does
-(most sentences stop long before their length limit), and encoder keys/values for cross-attention
-projected once per sentence.
+keys/values of every row for every layer, in a cache that grows in blocks of CACHE_BLOCK positions as the
+output does (most sentences stop long before their length limit), and encoder keys/values for
+cross-attention projected once per sentence and shared by its `beam` rows.
 """
 
 from __future__ import annotations
@@ -81,9 +81,14 @@ class MultiHeadAttention(nn.Module):
         k, v = self.split_heads(self.kv_proj(memory))  # each (B, H, S, K)
         return k, v
 
-    def cross_attention(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
-        (q,) = self.split_heads(self.q_proj(x))  # (B, H, T, K)
-        return self.attend(q, k, v, mask)
+    def cross_attention(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor, beam: int = 1) -> Tensor:
+        """x (B*beam, T, D) attends over k, v (B, H, S, K) of its sentence: a sentence's `beam`
+        consecutive rows are beam*T query positions of one attention, so its keys/values are stored once."""
+        n, t, d = x.shape
+        q = (
+            self.q_proj(x).view(n // beam, beam * t, self.heads, self.d_head).transpose(1, 2)
+        )  # (B, H, beam*T, K)
+        return self.attend(q, k, v, mask).view(n, t, d)  # (B, beam*T, D) -> (B*beam, T, D)
 
 
 class FeedForward(nn.Module):
@@ -148,9 +153,10 @@ class DecoderLayer(nn.Module):
         return self.res_ffn(y, self.ffn)
 
     def step(
-        self, y: Tensor, cache_kv: Tensor, t: int, mem_k: Tensor, mem_v: Tensor, src_keep: Tensor
+        self, y: Tensor, cache_kv: Tensor, t: int, mem_k: Tensor, mem_v: Tensor, src_keep: Tensor, beam: int
     ) -> Tensor:
-        """One position: y (N, 1, D); cache_kv (2, N, H, C, K) receives this position's keys/values."""
+        """One position: y (N, 1, D), N = B * beam; cache_kv (2, N, H, C, K) receives this position's
+        keys/values; mem_k, mem_v (B, H, S, K) and src_keep (B, 1, 1, S) are per sentence."""
 
         def cached_self_attention(h: Tensor) -> Tensor:
             attn = self.self_attn
@@ -159,13 +165,13 @@ class DecoderLayer(nn.Module):
             return attn.attend(qkv[0], cache_kv[0, :, :, : t + 1], cache_kv[1, :, :, : t + 1], None)
 
         y = self.res_self(y, cached_self_attention)
-        y = self.res_cross(y, lambda h: self.cross_attn.cross_attention(h, mem_k, mem_v, src_keep))
+        y = self.res_cross(y, lambda h: self.cross_attn.cross_attention(h, mem_k, mem_v, src_keep, beam))
         return self.res_ffn(y, self.ffn)
 
 
 @dataclass
 class DecoderState:
-    """Everything the decoder remembers between steps, for N = sentences x beam rows.
+    """Everything the decoder remembers between steps, for N = B sentences x beam rows, sentence-major.
 
     Rows move (beam selection, finished sentences leaving) by gathering the filled positions of the cache
     into `spare`, which then becomes the cache: one copy, and no allocation while the shapes stay.
@@ -173,14 +179,15 @@ class DecoderState:
 
     self_kv: Tensor  # (L, 2, R, H, C, K), R >= N rows, C positions: rows :N, positions :length are filled
     spare: Tensor  # (L, 2, R, H, C, K): where the next gather of rows writes
-    mem_kv: Tensor  # (L, 2, N, H, S, K): encoder keys/values, projected once
-    src_keep: Tensor  # (N, 1, 1, S)
+    mem_kv: Tensor  # (L, 2, B, H, S, K): encoder keys/values, projected once, shared by a sentence's rows
+    src_keep: Tensor  # (B, 1, 1, S)
+    beam: int  # rows per sentence
     max_len: int  # positions the search may step through: the cache never grows beyond them
     length: int = 0  # target positions decoded so far
 
     @property
     def rows(self) -> int:
-        return self.src_keep.shape[0]
+        return self.src_keep.shape[0] * self.beam
 
 
 class Transformer(nn.Module):
@@ -244,11 +251,12 @@ class Transformer(nn.Module):
 
     # ---- incremental decoding ------------------------------------------------------------------------
 
-    def init_state(self, memory: Tensor, src_keep: Tensor, max_len: int) -> DecoderState:
-        """Encoder keys/values for cross-attention, projected once; a self-attention cache one block long."""
+    def init_state(self, memory: Tensor, src_keep: Tensor, max_len: int, beam: int = 1) -> DecoderState:
+        """State for `beam` rows per sentence of memory (B, S, D): encoder keys/values for cross-attention
+        projected once per sentence, and a self-attention cache one block long."""
         mem_kv = torch.stack([torch.stack(layer.cross_attn.memory_kv(memory)) for layer in self.decoder])
-        self_kv = self.empty_cache(memory, memory.shape[0], min(CACHE_BLOCK, max_len))
-        return DecoderState(self_kv, torch.empty_like(self_kv), mem_kv, src_keep, max_len)
+        self_kv = self.empty_cache(memory, memory.shape[0] * beam, min(CACHE_BLOCK, max_len))
+        return DecoderState(self_kv, torch.empty_like(self_kv), mem_kv, src_keep, beam, max_len)
 
     def empty_cache(self, like: Tensor, rows: int, positions: int) -> Tensor:
         """Self-attention keys/values (L, 2, rows, H, positions, K), uninitialized: only filled are read."""
@@ -266,9 +274,8 @@ class Transformer(nn.Module):
             state.self_kv, state.spare = grown, torch.empty_like(grown)
         y = self.embed_tokens(tokens[:, None], offset=t)  # (N, 1, D)
         for i, layer in enumerate(self.decoder):
-            y = layer.step(
-                y, state.self_kv[i, :, :n], t, state.mem_kv[i, 0], state.mem_kv[i, 1], state.src_keep
-            )
+            mem_k, mem_v = state.mem_kv[i]  # each (B, H, S, K)
+            y = layer.step(y, state.self_kv[i, :, :n], t, mem_k, mem_v, state.src_keep, state.beam)
         state.length = t + 1
         return self.output(y[:, 0]), state
 
@@ -280,13 +287,13 @@ class Transformer(nn.Module):
         return self.gather_cache(state, rows)
 
     def select_rows(self, state: DecoderState, rows: Tensor) -> DecoderState:
-        """Keep only `rows`, in that order (finished sentences leave the batch; beams are made).
-
-        `rows` may take any rows, so one call both reorders beams and drops finished sentences.
-        """
+        """Keep only `rows`, in that order: whole sentences, each one's `beam` rows together (finished
+        sentences leave the batch). Within a sentence any rows may be taken, so one call both reorders
+        beams and drops finished sentences."""
         state = self.gather_cache(state, rows)
-        state.mem_kv = state.mem_kv.index_select(2, rows)
-        state.src_keep = state.src_keep.index_select(0, rows)
+        sentences = rows[:: state.beam] // state.beam  # (B',)
+        state.mem_kv = state.mem_kv.index_select(2, sentences)
+        state.src_keep = state.src_keep.index_select(0, sentences)
         return state
 
     def gather_cache(self, state: DecoderState, rows: Tensor) -> DecoderState:

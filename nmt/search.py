@@ -1,8 +1,9 @@
 """Greedy and beam search over the decoder's incremental contract; torch only, no files, no vocabulary.
 
 The model is used through five calls (nmt.model): `encode(src) -> (memory, src_keep)`,
-`init_state(memory, src_keep, max_len)`, `step(tokens, state) -> (logits, state)`,
-`reorder_beams(state, rows)` and `select_rows(state, rows)`. Both searches are one batched loop over target
+`init_state(memory, src_keep, max_len, beam)` (`beam` rows per sentence, sentence-major),
+`step(tokens, state) -> (logits, state)`, `reorder_beams(state, rows)` (rows within their sentences) and
+`select_rows(state, rows)` (whole sentences). Both searches are one batched loop over target
 positions with numbered steps; the parts of a beam step are the small pure functions above them.
 
 Conventions. A hypothesis's score is the sum of its token log-probabilities, EOS included, divided by the
@@ -342,9 +343,7 @@ def beam_search(
     prefix = prefix.repeat_interleave(k, dim=0) if prefix is not None else None  # (B*K, P)
     steps = int(max_lens.max()) + 1  # decoder positions: BOS + up to max_len tokens
     memory, src_keep = model.encode(src)
-    # Encoder keys/values are projected once per sentence, then copied to its K rows.
-    state = model.init_state(memory, src_keep, steps)
-    state = model.select_rows(state, torch.arange(b, device=dev).repeat_interleave(k))
+    state = model.init_state(memory, src_keep, steps, k)  # K rows per sentence
     dtype = score_dtype(memory)
     masks = token_masks(model.vocab_size, dtype, dev)
 

@@ -106,15 +106,15 @@ def test_reorder_and_select_rows_move_the_cache_with_the_rows():
 
 @torch.no_grad()
 def test_the_cache_grows_past_its_blocks_while_rows_move():
-    """Rows made, reordered every step and dropped, over several cache blocks: every step's logits are
-    those of the whole history recomputed, and the cache holds no more positions than it needs."""
+    """Two rows a sentence, reordered every step, a sentence dropped, over several cache blocks: every
+    step's logits are those of the whole history recomputed, and the cache holds no more positions than
+    it needs."""
     model, g = tiny_model(), torch.Generator().manual_seed(0)
     src = torch.randint(4, 40, (3, 6), generator=g)
     steps = 2 * CACHE_BLOCK + 3
     memory, keep = model.encode(src)
-    state = model.init_state(memory, keep, max_len=steps)
-    rows = torch.tensor([0, 0, 1, 1, 2, 2])  # beams are made: 3 sentences x 2 rows
-    state, sources = model.select_rows(state, rows), src[rows]
+    state = model.init_state(memory, keep, max_len=steps, beam=2)  # 3 sentences x 2 rows
+    sources = src.repeat_interleave(2, 0)
     history = torch.full((6, 1), 2)  # BOS
     for t in range(steps):
         logits, state = model.step(history[:, -1], state)

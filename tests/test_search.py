@@ -36,6 +36,7 @@ class FakeState:
     sentence: torch.Tensor  # (N,) which sentence each row belongs to
     prefix: torch.Tensor  # (N, t) tokens fed so far, BOS first
     max_len: int
+    beam: int
 
 
 class ScriptedModel:
@@ -49,9 +50,9 @@ class ScriptedModel:
     def encode(self, src):
         return src.double()[:, :, None], (src != PAD)[:, None, None, :]
 
-    def init_state(self, memory, src_keep, max_len):
-        n = memory.shape[0]
-        return FakeState(torch.arange(n), torch.zeros(n, 0, dtype=torch.long), max_len)
+    def init_state(self, memory, src_keep, max_len, beam=1):
+        n = memory.shape[0] * beam
+        return FakeState(torch.arange(n) // beam, torch.zeros(n, 0, dtype=torch.long), max_len, beam)
 
     def step(self, tokens, state):
         assert state.prefix.shape[1] < state.max_len, "stepped past the positions init_state allocated"
@@ -70,7 +71,9 @@ class ScriptedModel:
         return state
 
     def select_rows(self, state, rows):
-        return FakeState(state.sentence[rows], state.prefix[rows], state.max_len)
+        sentence = state.sentence[rows].view(-1, state.beam)
+        assert (sentence == sentence[:, :1]).all(), "rows of a sentence must stay together"
+        return FakeState(state.sentence[rows], state.prefix[rows], state.max_len, state.beam)
 
 
 # Two ways to end: "a" (short, raw log-prob -1.0217) and "b b" (long, raw -1.0510). Without a length
