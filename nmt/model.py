@@ -40,6 +40,11 @@ def sinusoidal_positions(length: int, d_model: int) -> Tensor:
     return pe.float()
 
 
+def dropout(x: Tensor, p: float, training: bool) -> Tensor:
+    """F.dropout, not even called at inference or p = 0: a decoder step makes a dozen calls to it."""
+    return F.dropout(x, p, training=True) if training and p > 0 else x
+
+
 def padding_mask(tokens: Tensor) -> Tensor:
     """Which keys attention may look at: (B, S) ids -> (B, 1, 1, S), True for real tokens."""
     return (tokens != PAD_ID)[:, None, None, :]
@@ -101,7 +106,7 @@ class FeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         h = F.relu(self.fc1(x))
-        return self.fc2(F.dropout(h, self.activation_dropout, self.training))
+        return self.fc2(dropout(h, self.activation_dropout, self.training))
 
 
 class Residual(nn.Module):
@@ -113,8 +118,8 @@ class Residual(nn.Module):
 
     def forward(self, x: Tensor, sublayer) -> Tensor:
         if self.pre_norm:
-            return x + F.dropout(sublayer(self.norm(x)), self.dropout, self.training)
-        return self.norm(x + F.dropout(sublayer(x), self.dropout, self.training))
+            return x + dropout(sublayer(self.norm(x)), self.dropout, self.training)
+        return self.norm(x + dropout(sublayer(x), self.dropout, self.training))
 
 
 class EncoderLayer(nn.Module):
@@ -153,10 +158,11 @@ class DecoderLayer(nn.Module):
         return self.res_ffn(y, self.ffn)
 
     def step(
-        self, y: Tensor, cache_kv: Tensor, t: int, mem_k: Tensor, mem_v: Tensor, src_keep: Tensor, beam: int
+        self, y: Tensor, cache_kv: Tensor, t: int, mem_k: Tensor, mem_v: Tensor, src_bias: Tensor, beam: int
     ) -> Tensor:
         """One position: y (N, 1, D), N = B * beam; cache_kv (2, N, H, C, K) receives this position's
-        keys/values; mem_k, mem_v (B, H, S, K) and src_keep (B, 1, 1, S) are per sentence."""
+        keys/values; mem_k, mem_v (B, H, S, K) and the additive key mask src_bias (B, 1, 1, S) are per
+        sentence."""
 
         def cached_self_attention(h: Tensor) -> Tensor:
             attn = self.self_attn
@@ -165,7 +171,7 @@ class DecoderLayer(nn.Module):
             return attn.attend(qkv[0], cache_kv[0, :, :, : t + 1], cache_kv[1, :, :, : t + 1], None)
 
         y = self.res_self(y, cached_self_attention)
-        y = self.res_cross(y, lambda h: self.cross_attn.cross_attention(h, mem_k, mem_v, src_keep, beam))
+        y = self.res_cross(y, lambda h: self.cross_attn.cross_attention(h, mem_k, mem_v, src_bias, beam))
         return self.res_ffn(y, self.ffn)
 
 
@@ -180,14 +186,14 @@ class DecoderState:
     self_kv: Tensor  # (L, 2, R, H, C, K), R >= N rows, C positions: rows :N, positions :length are filled
     spare: Tensor  # (L, 2, R, H, C, K): where the next gather of rows writes
     mem_kv: Tensor  # (L, 2, B, H, S, K): encoder keys/values, projected once, shared by a sentence's rows
-    src_keep: Tensor  # (B, 1, 1, S)
+    src_bias: Tensor  # (B, 1, 1, S): 0 for source tokens, -inf for padding (a bool mask costs ops a call)
     beam: int  # rows per sentence
     max_len: int  # positions the search may step through: the cache never grows beyond them
     length: int = 0  # target positions decoded so far
 
     @property
     def rows(self) -> int:
-        return self.src_keep.shape[0] * self.beam
+        return self.src_bias.shape[0] * self.beam
 
 
 class Transformer(nn.Module):
@@ -223,7 +229,7 @@ class Transformer(nn.Module):
         if offset + t > self.cfg.max_positions:
             raise ValueError(f"sequence of {offset + t} positions exceeds model.max_positions")
         x = self.embed(tokens) * math.sqrt(self.cfg.d_model) + self.positions[offset : offset + t]
-        return F.dropout(x, self.cfg.dropout, self.training)
+        return dropout(x, self.cfg.dropout, self.training)
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
         """(B, S) ids -> memory (B, S, D) and the key mask (B, 1, 1, S)."""
@@ -256,7 +262,9 @@ class Transformer(nn.Module):
         projected once per sentence, and a self-attention cache one block long."""
         mem_kv = torch.stack([torch.stack(layer.cross_attn.memory_kv(memory)) for layer in self.decoder])
         self_kv = self.empty_cache(memory, memory.shape[0] * beam, min(CACHE_BLOCK, max_len))
-        return DecoderState(self_kv, torch.empty_like(self_kv), mem_kv, src_keep, beam, max_len)
+        src_bias = torch.zeros(src_keep.shape, dtype=memory.dtype, device=memory.device)
+        src_bias.masked_fill_(~src_keep, -math.inf)
+        return DecoderState(self_kv, torch.empty_like(self_kv), mem_kv, src_bias, beam, max_len)
 
     def empty_cache(self, like: Tensor, rows: int, positions: int) -> Tensor:
         """Self-attention keys/values (L, 2, rows, H, positions, K), uninitialized: only filled are read."""
@@ -275,7 +283,7 @@ class Transformer(nn.Module):
         y = self.embed_tokens(tokens[:, None], offset=t)  # (N, 1, D)
         for i, layer in enumerate(self.decoder):
             mem_k, mem_v = state.mem_kv[i]  # each (B, H, S, K)
-            y = layer.step(y, state.self_kv[i, :, :n], t, mem_k, mem_v, state.src_keep, state.beam)
+            y = layer.step(y, state.self_kv[i, :, :n], t, mem_k, mem_v, state.src_bias, state.beam)
         state.length = t + 1
         return self.output(y[:, 0]), state
 
@@ -293,7 +301,7 @@ class Transformer(nn.Module):
         state = self.gather_cache(state, rows)
         sentences = rows[:: state.beam] // state.beam  # (B',)
         state.mem_kv = state.mem_kv.index_select(2, sentences)
-        state.src_keep = state.src_keep.index_select(0, sentences)
+        state.src_bias = state.src_bias.index_select(0, sentences)
         return state
 
     def gather_cache(self, state: DecoderState, rows: Tensor) -> DecoderState:
