@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from nmt.config import ModelConfig
-from nmt.model import Transformer
+from nmt.model import CACHE_BLOCK, Transformer
 from nmt.search import (
     BOS,
     EOS,
@@ -260,6 +260,20 @@ def test_cached_beam_search_equals_recomputing_the_prefix(beam, alpha):
         assert [h.score for h in hyps] == pytest.approx([s for _, s in want], rel=1e-9)
         lengths |= {len(h.tokens) for h in hyps}
     assert len(lengths) > 1  # hypotheses ended at different steps, so sentences left the batch
+
+
+def test_cached_beam_search_equals_recomputing_past_the_cache_blocks():
+    """Outputs of two and more cache blocks: the cache grows while beams reorder and sentences leave."""
+    model, sources = random_model(7), random_sources(7, 4)
+    got = beam_search(model, pad(sources), 3, 0.6, 1.0, 2 * CACHE_BLOCK, nbest=2, min_len=0)
+    for src, hyps in zip(sources, got, strict=True):
+        want = reference_beam(model, src, 3, 0.6, 1.0, 2 * CACHE_BLOCK, 2)
+        assert [h.tokens for h in hyps] == [toks for toks, _ in want]
+        assert [h.score for h in hyps] == pytest.approx([s for _, s in want], rel=1e-9)
+    assert max(len(h.tokens) for hs in got for h in hs) > 2 * CACHE_BLOCK
+    assert greedy_search(model, pad(sources), 1.0, 2 * CACHE_BLOCK) == [
+        h[0] for h in beam_search(model, pad(sources), 1, 0.0, 1.0, 2 * CACHE_BLOCK)
+    ]
 
 
 def test_beam_one_equals_greedy_exactly():
