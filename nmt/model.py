@@ -11,7 +11,8 @@ Besides `forward` (teacher forcing), the decoder offers the incremental contract
 `reorder_beams(state, rows)` and `select_rows(state, rows)`. The state is explicit: self-attention
 keys/values of every row for every layer, in a cache that grows in blocks of CACHE_BLOCK positions as the
 output does (most sentences stop long before their length limit), and encoder keys/values for
-cross-attention projected once per sentence and shared by its `beam` rows.
+cross-attention projected once per sentence and shared by its `beam` rows. The contract is for inference
+(under torch.no_grad or torch.inference_mode): its caches are written in place.
 """
 
 from __future__ import annotations
@@ -307,7 +308,7 @@ class Transformer(nn.Module):
     def gather_cache(self, state: DecoderState, rows: Tensor) -> DecoderState:
         """Row i of the self-attention cache takes row rows[i]'s filled positions: one copy into the spare."""
         t, n, capacity = state.length, rows.shape[0], state.self_kv.shape[4]
-        # More rows than the buffers hold (the beams are being made): two new buffers of n rows.
+        # More rows than the buffers hold (select_rows repeating sentences): two new buffers of n rows.
         fits = n <= state.spare.shape[2]
         target = state.spare if fits else self.empty_cache(state.self_kv, n, capacity)
         torch.index_select(state.self_kv[:, :, :, :, :t], 2, rows, out=target[:, :, :n, :, :t])
