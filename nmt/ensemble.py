@@ -49,9 +49,9 @@ class Ensemble(nn.Module):
         encoded = [m.encode(src) for m in self.members]
         return EnsembleMemory([mem for mem, _ in encoded]), [keep for _, keep in encoded]
 
-    def init_state(self, memory: EnsembleMemory, src_keep: list[Tensor], max_len: int) -> list:
+    def init_state(self, memory: EnsembleMemory, src_keep: list[Tensor], max_len: int, beam: int = 1) -> list:
         return [
-            m.init_state(mem, keep, max_len)
+            m.init_state(mem, keep, max_len, beam)
             for m, mem, keep in zip(self.members, memory.parts, src_keep, strict=True)
         ]
 

@@ -7,10 +7,12 @@ Deviations from the paper, each optional and off in the paper recipes: `norm: pr
 front of each sub-layer (and adds one after each stack); attention and activation dropout.
 
 Besides `forward` (teacher forcing), the decoder offers the incremental contract that search uses:
-`init_state(memory, src_keep, max_len)`, `step(tokens, state) -> (logits, state)`,
-`reorder_beams(state, rows)` and `select_rows(state, rows)`. The state is explicit: preallocated
-self-attention keys/values for every layer, and encoder keys/values for cross-attention projected once
-per sentence.
+`init_state(memory, src_keep, max_len, beam)`, `step(tokens, state) -> (logits, state)`,
+`reorder_beams(state, rows)` and `select_rows(state, rows)`. The state is explicit: self-attention
+keys/values of every row for every layer, in a cache that grows in blocks of CACHE_BLOCK positions as the
+output does (most sentences stop long before their length limit), and encoder keys/values for
+cross-attention projected once per sentence and shared by its `beam` rows. The contract is for inference
+(under torch.no_grad or torch.inference_mode): its caches are written in place.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from torch import Tensor, nn
 from nmt.config import ModelConfig
 
 PAD_ID = 0
+# The self-attention cache grows by this many positions at a time, up to the state's max_len.
+CACHE_BLOCK = 16
 
 
 def sinusoidal_positions(length: int, d_model: int) -> Tensor:
@@ -35,6 +39,11 @@ def sinusoidal_positions(length: int, d_model: int) -> Tensor:
     pe[:, 0::2] = torch.sin(pos * inv_freq)
     pe[:, 1::2] = torch.cos(pos * inv_freq)
     return pe.float()
+
+
+def dropout(x: Tensor, p: float, training: bool) -> Tensor:
+    """F.dropout, not even called at inference or p = 0: a decoder step makes a dozen calls to it."""
+    return F.dropout(x, p, training=True) if training and p > 0 else x
 
 
 def padding_mask(tokens: Tensor) -> Tensor:
@@ -78,9 +87,14 @@ class MultiHeadAttention(nn.Module):
         k, v = self.split_heads(self.kv_proj(memory))  # each (B, H, S, K)
         return k, v
 
-    def cross_attention(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
-        (q,) = self.split_heads(self.q_proj(x))  # (B, H, T, K)
-        return self.attend(q, k, v, mask)
+    def cross_attention(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor, beam: int = 1) -> Tensor:
+        """x (B*beam, T, D) attends over k, v (B, H, S, K) of its sentence: a sentence's `beam`
+        consecutive rows are beam*T query positions of one attention, so its keys/values are stored once."""
+        n, t, d = x.shape
+        q = (
+            self.q_proj(x).view(n // beam, beam * t, self.heads, self.d_head).transpose(1, 2)
+        )  # (B, H, beam*T, K)
+        return self.attend(q, k, v, mask).view(n, t, d)  # (B, beam*T, D) -> (B*beam, T, D)
 
 
 class FeedForward(nn.Module):
@@ -93,7 +107,7 @@ class FeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         h = F.relu(self.fc1(x))
-        return self.fc2(F.dropout(h, self.activation_dropout, self.training))
+        return self.fc2(dropout(h, self.activation_dropout, self.training))
 
 
 class Residual(nn.Module):
@@ -105,8 +119,8 @@ class Residual(nn.Module):
 
     def forward(self, x: Tensor, sublayer) -> Tensor:
         if self.pre_norm:
-            return x + F.dropout(sublayer(self.norm(x)), self.dropout, self.training)
-        return self.norm(x + F.dropout(sublayer(x), self.dropout, self.training))
+            return x + dropout(sublayer(self.norm(x)), self.dropout, self.training)
+        return self.norm(x + dropout(sublayer(x), self.dropout, self.training))
 
 
 class EncoderLayer(nn.Module):
@@ -145,30 +159,42 @@ class DecoderLayer(nn.Module):
         return self.res_ffn(y, self.ffn)
 
     def step(
-        self, y: Tensor, cache_kv: Tensor, t: int, mem_k: Tensor, mem_v: Tensor, src_keep: Tensor
+        self, y: Tensor, cache_kv: Tensor, t: int, mem_k: Tensor, mem_v: Tensor, src_bias: Tensor, beam: int
     ) -> Tensor:
-        """One position: y (N, 1, D); cache_kv (2, N, H, T_max, K) receives this position's keys/values."""
+        """One position: y (N, 1, D), N = B * beam; cache_kv (2, N, H, C, K) receives this position's
+        keys/values; mem_k, mem_v (B, H, S, K) and the additive key mask src_bias (B, 1, 1, S) are per
+        sentence."""
 
         def cached_self_attention(h: Tensor) -> Tensor:
             attn = self.self_attn
-            q, k, v = attn.split_heads(attn.qkv_proj(h))  # each (N, H, 1, K)
-            cache_kv[0, :, :, t : t + 1] = k
-            cache_kv[1, :, :, t : t + 1] = v
-            return attn.attend(q, cache_kv[0, :, :, : t + 1], cache_kv[1, :, :, : t + 1], None)
+            qkv = attn.split_heads(attn.qkv_proj(h))  # (3, N, H, 1, K)
+            cache_kv[:, :, :, t : t + 1] = qkv[1:]
+            return attn.attend(qkv[0], cache_kv[0, :, :, : t + 1], cache_kv[1, :, :, : t + 1], None)
 
         y = self.res_self(y, cached_self_attention)
-        y = self.res_cross(y, lambda h: self.cross_attn.cross_attention(h, mem_k, mem_v, src_keep))
+        y = self.res_cross(y, lambda h: self.cross_attn.cross_attention(h, mem_k, mem_v, src_bias, beam))
         return self.res_ffn(y, self.ffn)
 
 
 @dataclass
 class DecoderState:
-    """Everything the decoder remembers between steps, for N = sentences x beam rows."""
+    """Everything the decoder remembers between steps, for N = B sentences x beam rows, sentence-major.
 
-    self_kv: Tensor  # (L, 2, N, H, T_max, K): this sentence's own keys/values, filled up to `length`
-    mem_kv: Tensor  # (L, 2, N, H, S, K): encoder keys/values, projected once
-    src_keep: Tensor  # (N, 1, 1, S)
+    Rows move (beam selection, finished sentences leaving) by gathering the filled positions of the cache
+    into `spare`, which then becomes the cache: one copy, and no allocation while the shapes stay.
+    """
+
+    self_kv: Tensor  # (L, 2, R, H, C, K), R >= N rows, C positions: rows :N, positions :length are filled
+    spare: Tensor  # (L, 2, R, H, C, K): where the next gather of rows writes
+    mem_kv: Tensor  # (L, 2, B, H, S, K): encoder keys/values, projected once, shared by a sentence's rows
+    src_bias: Tensor  # (B, 1, 1, S): 0 for source tokens, -inf for padding (a bool mask costs ops a call)
+    beam: int  # rows per sentence
+    max_len: int  # positions the search may step through: the cache never grows beyond them
     length: int = 0  # target positions decoded so far
+
+    @property
+    def rows(self) -> int:
+        return self.src_bias.shape[0] * self.beam
 
 
 class Transformer(nn.Module):
@@ -204,7 +230,7 @@ class Transformer(nn.Module):
         if offset + t > self.cfg.max_positions:
             raise ValueError(f"sequence of {offset + t} positions exceeds model.max_positions")
         x = self.embed(tokens) * math.sqrt(self.cfg.d_model) + self.positions[offset : offset + t]
-        return F.dropout(x, self.cfg.dropout, self.training)
+        return dropout(x, self.cfg.dropout, self.training)
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
         """(B, S) ids -> memory (B, S, D) and the key mask (B, 1, 1, S)."""
@@ -232,20 +258,33 @@ class Transformer(nn.Module):
 
     # ---- incremental decoding ------------------------------------------------------------------------
 
-    def init_state(self, memory: Tensor, src_keep: Tensor, max_len: int) -> DecoderState:
-        """Project the encoder output for cross-attention once and allocate the self-attention cache."""
-        n, s, _ = memory.shape
-        cfg = self.cfg
+    def init_state(self, memory: Tensor, src_keep: Tensor, max_len: int, beam: int = 1) -> DecoderState:
+        """State for `beam` rows per sentence of memory (B, S, D): encoder keys/values for cross-attention
+        projected once per sentence, and a self-attention cache one block long."""
         mem_kv = torch.stack([torch.stack(layer.cross_attn.memory_kv(memory)) for layer in self.decoder])
-        self_kv = memory.new_zeros(len(self.decoder), 2, n, cfg.heads, max_len, cfg.d_model // cfg.heads)
-        return DecoderState(self_kv=self_kv, mem_kv=mem_kv, src_keep=src_keep)
+        self_kv = self.empty_cache(memory, memory.shape[0] * beam, min(CACHE_BLOCK, max_len))
+        src_bias = torch.zeros(src_keep.shape, dtype=memory.dtype, device=memory.device)
+        src_bias.masked_fill_(~src_keep, -math.inf)
+        return DecoderState(self_kv, torch.empty_like(self_kv), mem_kv, src_bias, beam, max_len)
+
+    def empty_cache(self, like: Tensor, rows: int, positions: int) -> Tensor:
+        """Self-attention keys/values (L, 2, rows, H, positions, K), uninitialized: only filled are read."""
+        cfg = self.cfg
+        return like.new_empty(len(self.decoder), 2, rows, cfg.heads, positions, cfg.d_model // cfg.heads)
 
     def step(self, tokens: Tensor, state: DecoderState) -> tuple[Tensor, DecoderState]:
         """Feed the last token of every row: (N,) ids -> logits (N, V) for the next position."""
-        t = state.length
+        t, n = state.length, state.rows
+        if t == state.self_kv.shape[4]:  # the cache is full: grow it by a block
+            if t >= state.max_len:
+                raise ValueError(f"step {t + 1} is past the {state.max_len} positions of init_state")
+            grown = self.empty_cache(state.self_kv, n, min(t + CACHE_BLOCK, state.max_len))
+            grown[:, :, :, :, :t] = state.self_kv[:, :, :n, :, :t]
+            state.self_kv, state.spare = grown, torch.empty_like(grown)
         y = self.embed_tokens(tokens[:, None], offset=t)  # (N, 1, D)
         for i, layer in enumerate(self.decoder):
-            y = layer.step(y, state.self_kv[i], t, state.mem_kv[i, 0], state.mem_kv[i, 1], state.src_keep)
+            mem_k, mem_v = state.mem_kv[i]  # each (B, H, S, K)
+            y = layer.step(y, state.self_kv[i, :, :n], t, mem_k, mem_v, state.src_bias, state.beam)
         state.length = t + 1
         return self.output(y[:, 0]), state
 
@@ -254,18 +293,27 @@ class Transformer(nn.Module):
 
         Rows of one sentence share their encoder keys/values, so only the filled self-attention cache moves.
         """
-        t = state.length
-        state.self_kv[:, :, :, :, :t] = state.self_kv[:, :, rows, :, :t]
-        return state
+        return self.gather_cache(state, rows)
 
     def select_rows(self, state: DecoderState, rows: Tensor) -> DecoderState:
-        """Keep only `rows`, in that order (finished sentences leave the batch)."""
-        return DecoderState(
-            self_kv=state.self_kv.index_select(2, rows),
-            mem_kv=state.mem_kv.index_select(2, rows),
-            src_keep=state.src_keep.index_select(0, rows),
-            length=state.length,
-        )
+        """Keep only `rows`, in that order: whole sentences, each one's `beam` rows together (finished
+        sentences leave the batch). Within a sentence any rows may be taken, so one call both reorders
+        beams and drops finished sentences."""
+        state = self.gather_cache(state, rows)
+        sentences = rows[:: state.beam] // state.beam  # (B',)
+        state.mem_kv = state.mem_kv.index_select(2, sentences)
+        state.src_bias = state.src_bias.index_select(0, sentences)
+        return state
+
+    def gather_cache(self, state: DecoderState, rows: Tensor) -> DecoderState:
+        """Row i of the self-attention cache takes row rows[i]'s filled positions: one copy into the spare."""
+        t, n, capacity = state.length, rows.shape[0], state.self_kv.shape[4]
+        # More rows than the buffers hold (select_rows repeating sentences): two new buffers of n rows.
+        fits = n <= state.spare.shape[2]
+        target = state.spare if fits else self.empty_cache(state.self_kv, n, capacity)
+        torch.index_select(state.self_kv[:, :, :, :, :t], 2, rows, out=target[:, :, :n, :, :t])
+        state.self_kv, state.spare = target, state.self_kv if fits else torch.empty_like(target)
+        return state
 
 
 def count_parameters(model: nn.Module) -> int:

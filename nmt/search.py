@@ -1,8 +1,9 @@
 """Greedy and beam search over the decoder's incremental contract; torch only, no files, no vocabulary.
 
 The model is used through five calls (nmt.model): `encode(src) -> (memory, src_keep)`,
-`init_state(memory, src_keep, max_len)`, `step(tokens, state) -> (logits, state)`,
-`reorder_beams(state, rows)` and `select_rows(state, rows)`. Both searches are one batched loop over target
+`init_state(memory, src_keep, max_len, beam)` (`beam` rows per sentence, sentence-major),
+`step(tokens, state) -> (logits, state)`, `reorder_beams(state, rows)` (rows within their sentences) and
+`select_rows(state, rows)` (whole sentences). Both searches are one batched loop over target
 positions with numbered steps; the parts of a beam step are the small pure functions above them.
 
 Conventions. A hypothesis's score is the sum of its token log-probabilities, EOS included, divided by the
@@ -106,14 +107,19 @@ def token_masks(vocab: int, dtype: torch.dtype, device: torch.device) -> TokenMa
     return TokenMasks(free, no_eos, eos_only)
 
 
-def step_log_probs(logits: Tensor, at_limit: Tensor, masks: TokenMasks, before_min: bool) -> Tensor:
+def step_log_probs(logits: Tensor, at_limit: Tensor | None, masks: TokenMasks, before_min: bool) -> Tensor:
     """log p(w | y_<t, x) = log_softmax(logits) in the masks' dtype, masked: (N, V), (N,) bool -> (N, V).
 
     Rows at their length limit may only emit EOS; before min_len no row may emit EOS; no row may emit
-    PAD or BOS.
+    PAD or BOS. `at_limit` None: no row is at its limit (the usual step, one pass less over (N, V)).
+    The logits are the step's own: they are overwritten, which saves an (N, V) buffer each step.
     """
-    lprobs = torch.log_softmax(logits.to(masks.free.dtype), dim=-1)
-    return lprobs + torch.where(at_limit[:, None], masks.eos_only, masks.no_eos if before_min else masks.free)
+    logits = logits.to(masks.free.dtype)
+    lprobs = torch.log_softmax(logits, dim=-1, out=logits)
+    mask = masks.no_eos if before_min else masks.free  # (V,)
+    if at_limit is None:
+        return lprobs.add_(mask)
+    return lprobs + torch.where(at_limit[:, None], masks.eos_only, mask)
 
 
 def block_repeated_ngrams(lprobs: Tensor, history: Tensor, n: int) -> Tensor:
@@ -166,9 +172,12 @@ class Sampler:
 
 
 def expand_scores(scores: Tensor, lprobs: Tensor) -> Tensor:
-    """score(y_1..t w) = score(y_1..t) + log p(w | y_1..t, x): (B, K) and (B*K, V) -> (B, K*V)."""
+    """score(y_1..t w) = score(y_1..t) + log p(w | y_1..t, x): (B, K) and (B*K, V) -> (B, K*V).
+
+    Written into `lprobs`, which the step no longer needs.
+    """
     b, k = scores.shape
-    return (scores[:, :, None] + lprobs.view(b, k, -1)).view(b, -1)  # (B, K, V) -> (B, K*V)
+    return lprobs.view(b, k, -1).add_(scores[:, :, None]).view(b, -1)  # (B, K, V) -> (B, K*V)
 
 
 def top_candidates(cand: Tensor, n: int, vocab: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -280,10 +289,12 @@ def greedy_search(
     last = torch.full((b,), BOS, device=src.device)
     out_tokens = torch.full((b, steps), PAD, device=src.device)
     out_scores = torch.zeros(b, dtype=dtype, device=src.device)
+    first_limit = int(max_lens.min())  # before this step no row is at its length limit
     for t in range(steps):
         # 1. one decoder step for every live sentence
         logits, state = model.step(last, state)
-        lprobs = step_log_probs(logits, max_lens <= t, masks, t < min_len)  # (B, V)
+        at_limit = max_lens <= t if t >= first_limit else None  # (B,)
+        lprobs = step_log_probs(logits, at_limit, masks, t < min_len)  # (B, V)
         lprobs = force_prefix(block_repeated_ngrams(lprobs, seqs[:, :t], no_repeat_ngram), prefix, t)
         # 2. the best token, or a drawn one
         best, last = lprobs.max(dim=1) if sampler is None else sampler(lprobs)  # (B,)
@@ -302,6 +313,7 @@ def greedy_search(
             keep = alive.nonzero().squeeze(1)
             ids, raw, seqs, last, max_lens, alive = (x[keep] for x in (ids, raw, seqs, last, max_lens, alive))
             prefix = prefix[keep] if prefix is not None else None
+            first_limit = int(max_lens.min())
             state = model.select_rows(state, keep)
     return [h[0] for h in hypotheses(out_scores[:, None], out_tokens[:, None], 1)]
 
@@ -331,9 +343,7 @@ def beam_search(
     prefix = prefix.repeat_interleave(k, dim=0) if prefix is not None else None  # (B*K, P)
     steps = int(max_lens.max()) + 1  # decoder positions: BOS + up to max_len tokens
     memory, src_keep = model.encode(src)
-    # Encoder keys/values are projected once per sentence, then copied to its K rows.
-    state = model.init_state(memory, src_keep, steps)
-    state = model.select_rows(state, torch.arange(b, device=dev).repeat_interleave(k))
+    state = model.init_state(memory, src_keep, steps, k)  # K rows per sentence
     dtype = score_dtype(memory)
     masks = token_masks(model.vocab_size, dtype, dev)
 
@@ -347,10 +357,12 @@ def beam_search(
     fin_tokens = torch.full((b, k, steps), PAD, device=dev)
     out_scores, out_tokens = fin_scores.clone(), fin_tokens.clone()
     offsets = torch.arange(b, device=dev)[:, None] * k  # (B, 1) first row of each sentence
+    first_limit = int(max_lens.min())  # before this step no sentence is at its length limit
     for t in range(steps):
         # 1. one decoder step for every live hypothesis
         logits, state = model.step(last, state)
-        lprobs = step_log_probs(logits, (max_lens <= t).repeat_interleave(k), masks, t < min_len)  # (B*K, V)
+        at_limit = (max_lens <= t).repeat_interleave(k) if t >= first_limit else None  # (B*K,)
+        lprobs = step_log_probs(logits, at_limit, masks, t < min_len)  # (B*K, V)
         lprobs = force_prefix(block_repeated_ngrams(lprobs, seqs[:, :t], no_repeat_ngram), prefix, t)
         # 2. the 2K best one-token extensions of each sentence
         cand_scores, cand_beams, cand_tokens = top_candidates(
@@ -368,8 +380,7 @@ def beam_search(
         last = tokens.view(-1)
         seqs = seqs.index_select(0, rows)
         seqs[:, t] = last
-        state = model.reorder_beams(state, rows)
-        # 5. finished sentences are recorded, and leave the batch once they are a quarter of it
+        # 5. finished sentences are recorded
         done = sentence_done(fin_scores, scores, t, max_lens, lenpen, nbest) & alive  # (B,)
         alive &= ~done
         n_done, n_dead = torch.stack([done.sum(), (~alive).sum()]).tolist()  # the one host sync a step
@@ -377,13 +388,18 @@ def beam_search(
             out_scores[ids[done]], out_tokens[ids[done]] = fin_scores[done], fin_tokens[done]
         if n_dead == len(alive):
             break
-        if n_dead * COMPACT_EVERY >= len(alive):
-            keep = alive.nonzero().squeeze(1)  # (B',)
-            keep_rows = (keep[:, None] * k + torch.arange(k, device=dev)).view(-1)  # (B'*K,)
-            ids, max_lens, scores, alive = ids[keep], max_lens[keep], scores[keep], alive[keep]
-            fin_scores, fin_tokens = fin_scores[keep], fin_tokens[keep]
-            seqs, last = seqs[keep_rows], last[keep_rows]
-            prefix = prefix[keep_rows] if prefix is not None else None
-            offsets = offsets[: keep.numel()]
-            state = model.select_rows(state, keep_rows)
+        # 6. the decoder state follows the beams; finished sentences leave it once they are 1/COMPACT_EVERY
+        # of the batch, in the same gather
+        if n_dead * COMPACT_EVERY < len(alive):
+            state = model.reorder_beams(state, rows)
+            continue
+        keep = alive.nonzero().squeeze(1)  # (B',)
+        keep_rows = (keep[:, None] * k + torch.arange(k, device=dev)).view(-1)  # (B'*K,)
+        ids, max_lens, scores, alive = ids[keep], max_lens[keep], scores[keep], alive[keep]
+        fin_scores, fin_tokens = fin_scores[keep], fin_tokens[keep]
+        seqs, last = seqs[keep_rows], last[keep_rows]
+        prefix = prefix[keep_rows] if prefix is not None else None
+        offsets = offsets[: keep.numel()]
+        first_limit = int(max_lens.min())
+        state = model.select_rows(state, rows[keep_rows])
     return hypotheses(out_scores, out_tokens, nbest)

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from nmt.config import ModelConfig, config_from_dict, resolve_recipe
 from nmt.loss import label_smoothed_nll
-from nmt.model import PAD_ID, Transformer, count_parameters, sinusoidal_positions
+from nmt.model import CACHE_BLOCK, PAD_ID, Transformer, count_parameters, sinusoidal_positions
 from nmt.optim import inverse_sqrt_lr, lr_scale
 
 TINY = ModelConfig(encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64, heads=4, dropout=0.0)
@@ -87,6 +87,7 @@ def test_incremental_decoding_equals_full_recomputation(norm):
     assert torch.allclose(torch.stack(steps, 1), full, atol=1e-5)
 
 
+@torch.no_grad()  # the incremental contract is for inference: its caches never need gradients
 def test_reorder_and_select_rows_move_the_cache_with_the_rows():
     model = tiny_model()
     src = torch.randint(4, 40, (2, 5)).repeat_interleave(2, 0)  # 2 sentences x 2 rows
@@ -101,6 +102,37 @@ def test_reorder_and_select_rows_move_the_cache_with_the_rows():
     logits, _ = model.step(tgt[[1, 3], 2], state)
     expected = model(src[[1, 3]], tgt[[1, 3]])[:, 2]
     assert torch.allclose(logits, expected, atol=1e-5)
+
+
+@torch.no_grad()
+def test_the_cache_grows_past_its_blocks_while_rows_move():
+    """Two rows a sentence, reordered every step, a sentence dropped, over several cache blocks: every
+    step's logits are those of the whole history recomputed, and the cache holds no more positions than
+    it needs."""
+    model, g = tiny_model(), torch.Generator().manual_seed(0)
+    src = torch.randint(4, 40, (3, 6), generator=g)
+    steps = 2 * CACHE_BLOCK + 3
+    memory, keep = model.encode(src)
+    state = model.init_state(memory, keep, max_len=steps, beam=2)  # 3 sentences x 2 rows
+    sources = src.repeat_interleave(2, 0)
+    history = torch.full((6, 1), 2)  # BOS
+    for t in range(steps):
+        logits, state = model.step(history[:, -1], state)
+        expected = model(sources, history)[:, -1]
+        assert torch.allclose(logits, expected, atol=1e-5), t
+        assert state.self_kv.shape[4] <= t + CACHE_BLOCK
+        history = torch.cat([history, torch.randint(4, 40, (len(history), 1), generator=g)], 1)
+        n = len(history)
+        moves = torch.randint(0, 2, (n,), generator=g) + torch.arange(n) // 2 * 2  # within each sentence
+        if t == CACHE_BLOCK + 1:  # the first sentence leaves, in the same gather as a reorder
+            moves = moves[2:]
+            sources = sources[2:]
+            state = model.select_rows(state, moves)
+        elif t < steps - 1:
+            state = model.reorder_beams(state, moves)
+        history = history[moves] if t < steps - 1 else history
+    with pytest.raises(ValueError, match="past"):
+        model.step(history[:, -1], state)
 
 
 def test_parameter_counts_of_the_paper_models():

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from nmt.config import ModelConfig
-from nmt.model import Transformer
+from nmt.model import CACHE_BLOCK, Transformer
 from nmt.search import (
     BOS,
     EOS,
@@ -36,6 +36,7 @@ class FakeState:
     sentence: torch.Tensor  # (N,) which sentence each row belongs to
     prefix: torch.Tensor  # (N, t) tokens fed so far, BOS first
     max_len: int
+    beam: int
 
 
 class ScriptedModel:
@@ -49,9 +50,9 @@ class ScriptedModel:
     def encode(self, src):
         return src.double()[:, :, None], (src != PAD)[:, None, None, :]
 
-    def init_state(self, memory, src_keep, max_len):
-        n = memory.shape[0]
-        return FakeState(torch.arange(n), torch.zeros(n, 0, dtype=torch.long), max_len)
+    def init_state(self, memory, src_keep, max_len, beam=1):
+        n = memory.shape[0] * beam
+        return FakeState(torch.arange(n) // beam, torch.zeros(n, 0, dtype=torch.long), max_len, beam)
 
     def step(self, tokens, state):
         assert state.prefix.shape[1] < state.max_len, "stepped past the positions init_state allocated"
@@ -70,7 +71,9 @@ class ScriptedModel:
         return state
 
     def select_rows(self, state, rows):
-        return FakeState(state.sentence[rows], state.prefix[rows], state.max_len)
+        sentence = state.sentence[rows].view(-1, state.beam)
+        assert (sentence == sentence[:, :1]).all(), "rows of a sentence must stay together"
+        return FakeState(state.sentence[rows], state.prefix[rows], state.max_len, state.beam)
 
 
 # Two ways to end: "a" (short, raw log-prob -1.0217) and "b b" (long, raw -1.0510). Without a length
@@ -257,6 +260,20 @@ def test_cached_beam_search_equals_recomputing_the_prefix(beam, alpha):
         assert [h.score for h in hyps] == pytest.approx([s for _, s in want], rel=1e-9)
         lengths |= {len(h.tokens) for h in hyps}
     assert len(lengths) > 1  # hypotheses ended at different steps, so sentences left the batch
+
+
+def test_cached_beam_search_equals_recomputing_past_the_cache_blocks():
+    """Outputs of two and more cache blocks: the cache grows while beams reorder and sentences leave."""
+    model, sources = random_model(7), random_sources(7, 4)
+    got = beam_search(model, pad(sources), 3, 0.6, 1.0, 2 * CACHE_BLOCK, nbest=2, min_len=0)
+    for src, hyps in zip(sources, got, strict=True):
+        want = reference_beam(model, src, 3, 0.6, 1.0, 2 * CACHE_BLOCK, 2)
+        assert [h.tokens for h in hyps] == [toks for toks, _ in want]
+        assert [h.score for h in hyps] == pytest.approx([s for _, s in want], rel=1e-9)
+    assert max(len(h.tokens) for hs in got for h in hs) > 2 * CACHE_BLOCK
+    assert greedy_search(model, pad(sources), 1.0, 2 * CACHE_BLOCK) == [
+        h[0] for h in beam_search(model, pad(sources), 1, 0.0, 1.0, 2 * CACHE_BLOCK)
+    ]
 
 
 def test_beam_one_equals_greedy_exactly():
