@@ -5,6 +5,8 @@ from __future__ import annotations
 import platform
 from pathlib import Path
 
+from nmt.atomic import write_text
+
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 
 
@@ -32,6 +34,4 @@ def record(entry: str, section: str, path: Path = RESULTS) -> None:
     end = text.find("\n## ", start)
     end = len(text) if end < 0 else end + 1
     head, tail = text[:end].rstrip("\n") + "\n\n", text[end:]
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(head + entry.rstrip("\n") + "\n" + ("\n" + tail if tail else ""), encoding="utf-8")
-    tmp.replace(path)
+    write_text(path, head + entry.rstrip("\n") + "\n" + ("\n" + tail if tail else ""))

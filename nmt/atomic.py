@@ -36,7 +36,7 @@ def atomic_replace(path: Path | str) -> Iterator[Path]:
     tmp = Path(name)
     try:
         yield tmp
-        _fsync_file(tmp)
+        _fsync(tmp)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -66,14 +66,10 @@ def link_or_copy(src: Path, dst: Path) -> None:
 
 def fsync_dir(folder: Path) -> None:
     """Make a rename in `folder` durable (the folder's own entry list is what a crash could lose)."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    _fsync(folder)
 
 
-def _fsync_file(path: Path) -> None:
+def _fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -27,6 +27,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from nmt import atomic
 from nmt.config import Config, DataConfig, config_to_dict
 from nmt.data.binarized import write_split
 from nmt.data.clean import REASONS, clean_pairs, open_text, read_pairs
@@ -273,10 +274,7 @@ def _why_redo(out: Path, step: str, fingerprint: str, outputs: list[Path]) -> st
 
 
 def _write_json(path: Path, obj: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    part = path.with_name(path.name + ".part")
-    part.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
-    os.replace(part, path)
+    atomic.write_text(path, json.dumps(obj, indent=2) + "\n")
 
 
 def _print_stats(stats: dict, data: DataConfig, console: Console) -> None:
