@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 
 from nmt.config import Config, ModelConfig, load_config
-from nmt.data.loader import Loader, Update, accumulation, prepare, update_plan
+from nmt.data.loader import Loader, Update, accumulation, prepare, to_device, update_plan
 from nmt.errors import NmtError
 from nmt.model import PAD_ID, Transformer, count_parameters
 from nmt.optim import build_optimizer, inverse_sqrt_lr, lr_scale
@@ -249,13 +249,6 @@ class Trainer:
         )
 
 
-def on_device(update: Update, device: torch.device) -> Update:
-    if device.type != "cpu":
-        update.batches = [tuple(t.to(device, non_blocking=True) for t in b) for b in update.batches]
-        update.target_tokens = update.target_tokens.to(device, non_blocking=True)
-    return update
-
-
 def measure(
     cfg: Config,
     data,
@@ -281,7 +274,7 @@ def measure(
     # Batches of the warm-up and timed updates, collated and on the device before the clock starts.
     prepared = []
     for _ in range(warmup + updates):
-        update = on_device(prepare(data, next(plan), rt.device.type == "cuda"), rt.device)
+        update = to_device(prepare(data, next(plan), rt.device.type == "cuda"), rt.device)
         prepared.append((update, [batch_figures(cfg, b) for b in update.batches]))
     for update, _ in prepared[:warmup]:
         trainer.update(update)
@@ -408,7 +401,7 @@ def profile_updates(trainer: Trainer, data, plan, updates: int) -> dict[str, flo
     rt = trainer.rt
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if rt.device.type == "cuda" else [])
     chunks = [
-        on_device(prepare(data, next(plan), rt.device.type == "cuda"), rt.device) for _ in range(updates)
+        to_device(prepare(data, next(plan), rt.device.type == "cuda"), rt.device) for _ in range(updates)
     ]
     with profile(activities=activities, record_shapes=True) as prof:
         for update in chunks:

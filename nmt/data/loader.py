@@ -155,6 +155,15 @@ def prepare(data: ParallelData, planned: PlannedUpdate, pin: bool) -> Update:
     )
 
 
+def to_device(update: Update, device: torch.device) -> Update:
+    """Start the copies of an update's tensors to `device`; from pinned memory they return at once and
+    run in order on the compute stream."""
+    if device.type != "cpu":
+        update.batches = [tuple(t.to(device, non_blocking=True) for t in b) for b in update.batches]
+        update.target_tokens = update.target_tokens.to(device, non_blocking=True)
+    return update
+
+
 class Loader:
     """Iterator of Updates, collated by a background thread `depth` updates ahead of the consumer.
 
@@ -203,11 +212,7 @@ class Loader:
         self.wait_seconds += time.perf_counter() - start
         if isinstance(item, BaseException):
             raise item
-        if self.device.type != "cpu":
-            # From pinned memory these copies return at once and run in order on the compute stream.
-            item.batches = [tuple(t.to(self.device, non_blocking=True) for t in b) for b in item.batches]
-            item.target_tokens = item.target_tokens.to(self.device, non_blocking=True)
-        return item
+        return to_device(item, self.device)
 
     def close(self) -> None:
         self._closed.set()
