@@ -376,7 +376,7 @@ CATEGORIES = (
     ("attention (scaled dot-product, head split)", ("scaled_dot_product", "ScaledDotProduct", "Unbind")),
     (
         "loss (log-softmax, label smoothing)",
-        ("log_softmax", "LogSoftmax", "gather", "Gather", "mean", "Mean", "masked_fill", "MaskedFill"),
+        ("SmoothedNLL", "log_softmax", "LogSoftmax", "gather", "Gather", "mean", "Mean", "masked_fill"),
     ),
     ("dropout", ("dropout", "Dropout", "bernoulli")),
     ("LayerNorm", ("layer_norm", "LayerNorm")),

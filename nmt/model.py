@@ -240,21 +240,29 @@ class Transformer(nn.Module):
             x = layer(x, src_keep)
         return self.encoder_norm(x), src_keep
 
-    def decode(self, tgt_in: Tensor, memory: Tensor, src_keep: Tensor) -> Tensor:
-        """All target positions at once (teacher forcing): (B, T) ids -> logits (B, T, V)."""
+    def decode(self, tgt_in: Tensor, memory: Tensor, src_keep: Tensor, project: bool = True) -> Tensor:
+        """All target positions at once (teacher forcing): (B, T) ids -> logits (B, T, V), or with
+        project=False the states (B, T, D) that the output projection would take."""
         y = self.embed_tokens(tgt_in)
         for layer in self.decoder:
             k, v = layer.cross_attn.memory_kv(memory)
             y = layer(y, k, v, src_keep)
-        return self.output(y)
+        return self.output(y) if project else self.decoder_norm(y)
 
     def output(self, y: Tensor) -> Tensor:
         """Pre-softmax projection with the shared embedding matrix: (.., D) -> (.., V)."""
-        return F.linear(self.decoder_norm(y), self.embed.weight)
+        return F.linear(self.decoder_norm(y), self.output_weight)
 
-    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+    @property
+    def output_weight(self) -> Tensor:
+        """The (V, D) pre-softmax projection: the embedding matrix, shared (3.4)."""
+        return self.embed.weight
+
+    def forward(self, src: Tensor, tgt_in: Tensor, project: bool = True) -> Tensor:
+        """Teacher-forced logits (B, T, V); project=False stops before the output projection, for a loss
+        that projects by itself (nmt.loss.projected_label_smoothed_nll)."""
         memory, src_keep = self.encode(src)
-        return self.decode(tgt_in, memory, src_keep)
+        return self.decode(tgt_in, memory, src_keep, project)
 
     # ---- incremental decoding ------------------------------------------------------------------------
 

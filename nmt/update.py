@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from nmt.data.loader import Update
-from nmt.loss import label_smoothed_nll
+from nmt.loss import projected_label_smoothed_nll
 from nmt.model import PAD_ID
 from nmt.runtime import Runtime
 
@@ -42,22 +42,27 @@ def train_step(
         total = total.clone()
         dist.all_reduce(total)
     norm = rt.world_size / total
-    sums = forward_backward(net, update.batches, norm, label_smoothing, rt, scaler)
+    sums = forward_backward(net, model.output_weight, update.batches, norm, label_smoothing, rt, scaler)
     return optimizer_step(model, optimizer, scaler, clip_norm), sums
 
 
-def forward_backward(net, batches, norm: Tensor, label_smoothing: float, rt: Runtime, scaler) -> Tensor:
+def forward_backward(
+    net, output_weight: Tensor, batches, norm: Tensor, label_smoothing: float, rt: Runtime, scaler
+) -> Tensor:
     """Accumulate the gradients of one update's micro-batches; returns the summed (loss, nll).
 
-    `norm` scales each micro-batch's summed loss. Under DDP only the last micro-batch all-reduces.
+    `norm` scales each micro-batch's summed loss. Under DDP only the last micro-batch all-reduces. The
+    network stops before its output projection, which the loss does chunk by chunk with the shared
+    embedding matrix (`output_weight`); the projection's gradient reaches that matrix within the same
+    backward pass, before DDP's hook on it runs.
     """
     sums = torch.zeros(2, device=rt.device)
     last = len(batches) - 1
     for i, (src, tgt_in, tgt_out) in enumerate(batches):
         sync = i == last or rt.world_size == 1
         with contextlib.nullcontext() if sync else net.no_sync(), rt.autocast():
-            logits = net(src, tgt_in)  # (B, T, V)
-            loss, nll = label_smoothed_nll(logits, tgt_out, label_smoothing, PAD_ID)
+            states = net(src, tgt_in, project=False)  # (B, T, D)
+            loss, nll = projected_label_smoothed_nll(states, output_weight, tgt_out, label_smoothing, PAD_ID)
         (scaler.scale(loss * norm) if scaler else loss * norm).backward()
         sums += torch.stack([loss.detach(), nll.detach()])
     return sums

@@ -9,7 +9,7 @@ import torch
 from nmt.config import Config
 from nmt.data.batching import collate, epoch_batches
 from nmt.data.loader import TrainData
-from nmt.loss import label_smoothed_nll, perplexity
+from nmt.loss import perplexity, projected_label_smoothed_nll
 from nmt.model import PAD_ID, Transformer
 from nmt.runtime import Runtime
 
@@ -23,8 +23,10 @@ def validate(model: Transformer, data: TrainData, cfg: Config, rt: Runtime) -> d
     for idx in epoch_batches(data.valid.src_lens, data.valid.tgt_lens, cfg.train.batch_tokens, 0, 0):
         src, tgt_in, tgt_out = (t.to(rt.device) for t in collate(data.valid, idx))
         with rt.autocast():
-            logits = model(src, tgt_in)  # (B, T, V)
-        loss, nll = label_smoothed_nll(logits, tgt_out, cfg.train.label_smoothing, PAD_ID)
+            states = model(src, tgt_in, project=False)  # (B, T, D)
+            loss, nll = projected_label_smoothed_nll(
+                states, model.output_weight, tgt_out, cfg.train.label_smoothing, PAD_ID
+            )
         loss_sum, nll_sum = loss_sum + loss.item(), nll_sum + nll.item()
         tokens += int((tgt_out != PAD_ID).sum())
     result = {

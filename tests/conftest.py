@@ -44,5 +44,8 @@ def synthetic_run(tmp_path_factory) -> Path:
 
     workdir = tmp_path_factory.mktemp("synthetic-run")
     make_workdir(workdir)
-    train(make_config(max_steps=450, threads=2), workdir)
+    # At the default 0.003 this task has loss spikes late in training, and where one falls depends on
+    # rounding (it moved when the loss kernels changed); best.pt is the best of three validations.
+    cfg = make_config(max_steps=450, threads=2, peak_lr=0.002, validate_every=150, save_every=150)
+    train(cfg, workdir)
     return workdir

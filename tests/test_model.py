@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from nmt.config import ModelConfig, config_from_dict, resolve_recipe
-from nmt.loss import label_smoothed_nll
+from nmt.loss import label_smoothed_nll, projected_label_smoothed_nll
 from nmt.model import CACHE_BLOCK, PAD_ID, Transformer, count_parameters, sinusoidal_positions
 from nmt.optim import inverse_sqrt_lr, lr_scale
 
@@ -186,3 +186,86 @@ def _minimal() -> dict:
     import yaml
 
     return {"data": yaml.safe_load(recipe.read_text())["data"]}
+
+
+def _padded_targets(vocab: int) -> torch.Tensor:
+    target = torch.randint(PAD_ID + 1, vocab, (3, 7))
+    target[1, 4:] = PAD_ID
+    target[2, 1:] = PAD_ID
+    return target
+
+
+def test_projected_loss_is_the_loss_of_the_projected_logits():
+    """Chunked projection + loss (values and hand-written gradients) against autograd through the
+    plain definition, in float64 with chunks that do not divide the rows."""
+    torch.manual_seed(0)
+    hidden = torch.randn(3, 7, 16, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
+    target = _padded_targets(50)
+    for chunk in (1, 4, 0):  # 0: the default, one chunk here
+        loss, nll = projected_label_smoothed_nll(hidden, weight, target, 0.1, PAD_ID, chunk=chunk)
+        ref_loss, ref_nll = label_smoothed_nll(hidden @ weight.t(), target, 0.1, PAD_ID)
+        assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-6)
+        assert nll.item() == pytest.approx(ref_nll.item(), rel=1e-6)
+        got = torch.autograd.grad(0.37 * loss, (hidden, weight))
+        want = torch.autograd.grad(0.37 * ref_loss, (hidden, weight))
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-7)
+        assert got[0][2, 1:].abs().max() == 0  # padding positions get no gradient
+
+    def loss_of(h, w):
+        return projected_label_smoothed_nll(h, w, target, 0.1, PAD_ID, chunk=5)[0]
+
+    assert torch.autograd.gradcheck(loss_of, (hidden, weight))
+
+
+def test_projected_loss_under_bf16_autocast_matches_autocast_linear():
+    torch.manual_seed(0)
+    hidden = torch.randn(3, 7, 16, requires_grad=True)
+    weight = torch.randn(50, 16, requires_grad=True)
+    target = _padded_targets(50)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, _ = projected_label_smoothed_nll(hidden, weight, target, 0.1, PAD_ID, chunk=4)
+        ref, _ = label_smoothed_nll(F.linear(hidden, weight), target, 0.1, PAD_ID)
+    assert loss.dtype == torch.float32
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-3)
+    got = torch.autograd.grad(loss, (hidden, weight))
+    want = torch.autograd.grad(ref, (hidden, weight))
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == torch.float32
+        torch.testing.assert_close(g, w, rtol=0.02, atol=0.02)
+
+
+def test_training_through_the_projected_loss_gives_the_logits_gradients():
+    """What the trainer runs (states, then the chunked loss with the shared embedding) against the
+    model's logits and the plain loss: the same loss and the same gradient for every parameter."""
+    src = torch.tensor([[5, 6, 7, 8, 2], [9, 10, 2, 0, 0]])
+    tgt_in = torch.tensor([[1, 11, 12, 13], [1, 14, 0, 0]])
+    tgt_out = torch.tensor([[11, 12, 13, 2], [14, 2, 0, 0]])
+
+    def grads(projected: bool):
+        model = tiny_model(3).train()
+        if projected:
+            states = model(src, tgt_in, project=False)
+            loss, _ = projected_label_smoothed_nll(states, model.output_weight, tgt_out, 0.1, PAD_ID, 3)
+        else:
+            loss, _ = label_smoothed_nll(model(src, tgt_in), tgt_out, 0.1, PAD_ID)
+        loss.backward()
+        return loss.item(), {n: p.grad for n, p in model.named_parameters()}
+
+    (loss, got), (ref, want) = grads(True), grads(False)
+    assert loss == pytest.approx(ref, rel=1e-6)
+    assert got.keys() == want.keys()
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_projected_loss_without_gradients_only_scores():
+    torch.manual_seed(0)
+    hidden, weight = torch.randn(3, 7, 16), torch.randn(50, 16)
+    target = _padded_targets(50)
+    with torch.no_grad():
+        loss, nll = projected_label_smoothed_nll(hidden, weight, target, 0.1, PAD_ID, chunk=2)
+    ref_loss, ref_nll = label_smoothed_nll(hidden @ weight.t(), target, 0.1, PAD_ID)
+    assert not loss.requires_grad
+    assert (loss.item(), nll.item()) == pytest.approx((ref_loss.item(), ref_nll.item()), rel=1e-5)

@@ -221,13 +221,13 @@ def test_non_finite_losses_are_skipped_then_stop_training(tmp_path, synthetic, m
 
     workdir = fresh_workdir(tmp_path, synthetic)
     train(make_config(max_steps=5, save_every=5), workdir)
-    real = trainer.label_smoothed_nll
+    real = trainer.projected_label_smoothed_nll
 
     def poisoned(*args, **kwargs):
         loss, nll = real(*args, **kwargs)
         return loss * float("nan"), nll
 
-    monkeypatch.setattr(trainer, "label_smoothed_nll", poisoned)
+    monkeypatch.setattr(trainer, "projected_label_smoothed_nll", poisoned)
     with pytest.raises(NmtError, match="non-finite updates in a row"):
         train(make_config(max_steps=50, save_every=5, max_nonfinite=3), workdir)
     # the last good checkpoint is untouched
