@@ -33,6 +33,12 @@ def perplexity(nll_per_token: float) -> float:
     return float(torch.tensor(min(nll_per_token, 100.0)).exp())
 
 
+# Logits per chunk. CPU: 1,048 rows at V = 8,000; from 2^21 to 2^23 the step time was the same within
+# noise, 2^19 was 25% slower. GPU: large enough that a 37k-vocabulary chunk is ~1,800 rows and a
+# micro-batch a few chunks (kernel launches), small enough to be a few hundred MB.
+CHUNK_LOGITS = {"cpu": 2**23, "cuda": 2**26}
+
+
 def projected_label_smoothed_nll(
     hidden: Tensor, weight: Tensor, target: Tensor, epsilon: float, ignore_index: int, chunk: int = 0
 ) -> tuple[Tensor, Tensor]:
@@ -40,7 +46,7 @@ def projected_label_smoothed_nll(
 
     hidden: (..., D) the decoder's last (normalised) states, weight: (V, D) the output projection,
     target: (...). Padding rows are dropped before the projection, and the rest is projected, scored and
-    differentiated `chunk` rows at a time (default: about 8M logits per chunk), so memory holds one
+    differentiated `chunk` rows at a time (default: CHUNK_LOGITS[device] / V rows), so memory holds one
     chunk's logits. Returns (loss, nll) as label_smoothed_nll does; only the loss is differentiable.
     """
     return _ProjectedSmoothedNLL.apply(hidden, weight, target, epsilon, ignore_index, chunk)
@@ -57,9 +63,10 @@ class _ProjectedSmoothedNLL(torch.autograd.Function):
 
     Why: through autograd, the (tokens, V) logits, their log-softmax and four more (tokens, V) buffers
     of the backward pass are written and read whole. At the CPU demo's size (1,800 tokens x 8,000) each
-    is 57 MB, fresh pages for the kernel to fault in every step; output projection and loss were a third
-    of the training step. In chunks that stay in cache the loss costs a few passes over warm memory, and
-    a GPU never holds the full logits (2.8 GB in float32 for a 20k-token WMT micro-batch).
+    is 57 MB of fresh pages for the kernel to fault in every step (glibc maps every block over 32 MiB
+    anew); output projection and loss were a third of the training step. Here the loss makes a few
+    passes over one chunk's buffer, and a GPU never holds the full logits (2.8 GB in float32 for a
+    20k-token WMT micro-batch).
     """
 
     @staticmethod
@@ -79,7 +86,7 @@ class _ProjectedSmoothedNLL(torch.autograd.Function):
         grad_w = torch.zeros_like(weight, dtype=exact) if ctx.needs_input_grad[1] else None
         nll = h.new_zeros((), dtype=exact)
         smooth = h.new_zeros((), dtype=exact)
-        step = chunk or max(1, 2**23 // vocab)
+        step = chunk or max(1, CHUNK_LOGITS.get(device, CHUNK_LOGITS["cpu"]) // vocab)
         with torch.autocast(device, enabled=False):
             for start in range(0, h.shape[0], step):
                 h_c, ref_c = h[start : start + step], ref[start : start + step]
