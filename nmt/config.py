@@ -86,6 +86,9 @@ class TrainConfig:
     warmup: int = 4000
     lr_scale: float = 1.0  # multiplies d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) (5.3)
     peak_lr: float | None = None  # alternative to lr_scale: the rate reached at the end of warm-up
+    # The last fraction of the budget (max_steps or max_minutes, whichever ends first) in which the rate
+    # decays linearly to 0; 0 keeps the paper's schedule to the end.
+    cooldown: float = 0.0
     adam_beta1: float = 0.9
     adam_beta2: float = 0.98
     adam_eps: float = 1e-9
@@ -281,6 +284,7 @@ def _check(cfg: Config, source: str) -> None:
     need(0.0 <= t.label_smoothing < 1.0, "train.label_smoothing", "must be in [0, 1)")
     need(t.peak_lr is None or t.peak_lr > 0, "train.peak_lr", "must be positive")
     need(t.max_minutes is None or t.max_minutes > 0, "train.max_minutes", "must be positive")
+    need(0.0 <= t.cooldown <= 1.0, "train.cooldown", "must be in [0, 1]")
     need(
         t.device == "auto" or t.device.split(":")[0] in ("cpu", "cuda", "mps"),
         "train.device",

@@ -13,6 +13,18 @@ def inverse_sqrt_lr(step: int, d_model: int, warmup: int, scale: float = 1.0) ->
     return scale * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
 
 
+def cooldown_factor(used: float, cooldown: float) -> float:
+    """The schedule's multiplier with a cool-down: 1 until the last `cooldown` fraction of the training
+    budget, then linear to 0 at its end (`used`: the fraction of the budget spent).
+
+    For a run that ends by a budget (the CPU demo's 15 minutes) rather than by convergence, annealing
+    the rate at the end is what lets the last updates settle (Li et al., 2020, "Budgeted training").
+    """
+    if cooldown <= 0:
+        return 1.0
+    return min(1.0, max(0.0, (1.0 - used) / cooldown))
+
+
 def lr_scale(model: ModelConfig, train: TrainConfig) -> float:
     """The recipe's scale factor; `peak_lr` sets it so that the rate at step = warmup equals peak_lr."""
     if train.peak_lr is None:

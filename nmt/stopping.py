@@ -51,22 +51,32 @@ def finished(prog: TrainProgress, cfg: Config, clock: bool = True) -> str | None
     return None
 
 
+def budget_used(prog: TrainProgress, cfg: Config) -> float:
+    """The fraction of the training budget spent: of max_steps, or of max_minutes if that is ahead."""
+    t = cfg.train
+    used = prog.step / t.max_steps
+    return max(used, prog.elapsed / (60 * t.max_minutes)) if t.max_minutes else used
+
+
 def over_time(prog: TrainProgress, cfg: Config) -> bool:
     return bool(cfg.train.max_minutes) and prog.elapsed >= cfg.train.max_minutes * 60
 
 
 def agree_to_stop(signum: int | None, prog: TrainProgress, cfg: Config, rt: Runtime) -> str | None:
     """The reasons to stop that one rank alone can see, shared by all: a signal (schedulers send SIGTERM
-    to one process or to all) and the time budget on its own clock. One tiny all-reduce an update."""
-    flags = [signum == signal.SIGINT, signum == signal.SIGTERM, over_time(prog, cfg)]
+    to one process or to all) and the time budget on its own clock. One tiny all-reduce an update.
+
+    prog.elapsed becomes the slowest rank's, so that a rate that depends on it (train.cooldown with
+    max_minutes) is the same on every rank.
+    """
+    sigint, sigterm = signum == signal.SIGINT, signum == signal.SIGTERM
     if rt.world_size > 1:
-        shared = torch.tensor(flags, dtype=torch.float32, device=rt.device)
-        dist.all_reduce(shared)
-        flags = [f > 0 for f in shared.tolist()]
-    sigint, sigterm, late = flags
+        shared = torch.tensor([sigint, sigterm, prog.elapsed], dtype=torch.float64, device=rt.device)
+        dist.all_reduce(shared, op=dist.ReduceOp.MAX)
+        sigint, sigterm, prog.elapsed = shared[0] > 0, shared[1] > 0, shared[2].item()
     if sigterm or sigint:
         return f"stopped by {'SIGTERM' if sigterm else 'SIGINT'}"
-    return f"reached train.max_minutes={cfg.train.max_minutes:g}" if late else None
+    return f"reached train.max_minutes={cfg.train.max_minutes:g}" if over_time(prog, cfg) else None
 
 
 def broadcast_stop(reason: str | None, rt: Runtime) -> str | None:

@@ -25,10 +25,10 @@ from nmt.data.loader import Loader, accumulation, device_batch_tokens, load_data
 from nmt.errors import Interrupted, NmtError
 from nmt.model import Transformer, count_parameters
 from nmt.monitor import MetricsLog, ProgressDisplay, TrainMeter
-from nmt.optim import build_optimizer, inverse_sqrt_lr, lr_scale
+from nmt.optim import build_optimizer, cooldown_factor, inverse_sqrt_lr, lr_scale
 from nmt.resume import disk_line, resume, run_facts, save_training_checkpoint
 from nmt.runtime import compile_for_training, setup_runtime
-from nmt.stopping import StopRequest, agree_to_stop, broadcast_stop, finished
+from nmt.stopping import StopRequest, agree_to_stop, broadcast_stop, budget_used, finished
 from nmt.update import train_step
 from nmt.validate import validate
 
@@ -66,6 +66,7 @@ def train(cfg: Config, workdir: Path, console: Console | None = None) -> Path:
     plan = update_plan(data.train, cfg, rt.rank, rt.world_size, prog.epoch, prog.cursor)
     metrics, meter = MetricsLog(workdir, rt.is_main), TrainMeter(rt)
     last_saved, started = prog.step, time.monotonic() - prog.elapsed
+    used = budget_used(prog, cfg)  # agreed by all ranks, like the stop
     model.train()
     with (
         Loader(data.train, plan, rt.device) as loader,
@@ -77,6 +78,7 @@ def train(cfg: Config, workdir: Path, console: Console | None = None) -> Path:
             update = next(loader)
             prog.epoch, prog.cursor = update.epoch, update.cursor
             lr = inverse_sqrt_lr(prog.step + 1, cfg.model.d_model, t.warmup, scale)
+            lr *= cooldown_factor(used, t.cooldown)
             # 2. forward/backward over its micro-batches, clip and step; a non-finite update is skipped
             grad_norm, sums = train_step(
                 net, model, optimizer, scaler, update, lr, t.label_smoothing, t.clip_norm, rt
@@ -99,6 +101,7 @@ def train(cfg: Config, workdir: Path, console: Console | None = None) -> Path:
             prog.elapsed = time.monotonic() - started
             # 3. stop? Every rank decides at the same update, or they would wait in different collectives.
             stop_reason = finished(prog, cfg, clock=False) or agree_to_stop(stop.signal, prog, cfg, rt)
+            used = budget_used(prog, cfg)
             # 4. log
             if prog.step % t.log_every == 0 or stop_reason:
                 record = meter.record(prog, lr, grad_norm, loader.wait_seconds)
@@ -167,7 +170,8 @@ def summary_lines(cfg: Config, model: Transformer, world_size: int) -> list[str]
         f"(recipe: {t.update_tokens}; padding included)",
         f"steps: {t.max_steps}" + (f", at most {t.max_minutes:g} minutes" if t.max_minutes else ""),
         f"schedule: inverse square root, warmup {t.warmup}, peak lr {peak:.3g} at step {t.warmup}, "
-        f"Adam({t.adam_beta1}, {t.adam_beta2}, eps {t.adam_eps:g}), label smoothing {t.label_smoothing}",
+        + (f"linear to 0 over the last {t.cooldown:.0%} of the budget, " if t.cooldown else "")
+        + f"Adam({t.adam_beta1}, {t.adam_beta2}, eps {t.adam_eps:g}), label smoothing {t.label_smoothing}",
         disk_line(count_parameters(model), t.keep_last),
     ]
 

@@ -44,6 +44,7 @@ def test_a_misspelt_key_is_named_with_a_suggestion(tmp_path):
         ("model.heads=3", "model.heads: d_model 256 is not divisible by 3 heads"),
         ("train.precision=fp8", "train.precision: 'fp8' is not one of"),
         ("model.dropout=1.5", "model.dropout: must be in [0, 1)"),
+        ("train.cooldown=1.5", "train.cooldown: must be in [0, 1]"),
         ("decode.nbest=9", "decode.nbest: must be between 1 and decode.beam"),
         ("train=3", "train: expected a mapping"),
         ("nosuch.key=1", "unknown key nosuch"),

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from nmt.config import ModelConfig, config_from_dict, resolve_recipe
 from nmt.loss import label_smoothed_nll, projected_label_smoothed_nll
 from nmt.model import CACHE_BLOCK, PAD_ID, Transformer, count_parameters, sinusoidal_positions
-from nmt.optim import inverse_sqrt_lr, lr_scale
+from nmt.optim import cooldown_factor, inverse_sqrt_lr, lr_scale
 
 TINY = ModelConfig(encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64, heads=4, dropout=0.0)
 
@@ -163,6 +163,14 @@ def test_peak_lr_sets_the_scale_so_the_warmup_ends_at_it():
     scale = lr_scale(cfg.model, cfg.train)
     assert inverse_sqrt_lr(100, 256, 100, scale) == pytest.approx(0.002)
     assert inverse_sqrt_lr(400, 256, 100, scale) == pytest.approx(0.001)
+
+
+def test_cooldown_is_linear_to_zero_over_the_last_part_of_the_budget():
+    assert cooldown_factor(0.5, 0.0) == cooldown_factor(1.0, 0.0) == 1.0  # off: the paper's schedule
+    assert cooldown_factor(0.0, 0.3) == cooldown_factor(0.7, 0.3) == 1.0
+    assert cooldown_factor(0.85, 0.3) == pytest.approx(0.5)
+    assert cooldown_factor(1.0, 0.3) == cooldown_factor(1.2, 0.3) == 0.0
+    assert cooldown_factor(0.25, 1.0) == pytest.approx(0.75)
 
 
 def test_label_smoothing_matches_the_smoothed_target_distribution():

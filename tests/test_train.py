@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import signal
@@ -20,6 +21,7 @@ from nmt.config import config_to_dict
 from nmt.data.batching import collate
 from nmt.data.binarized import ParallelData
 from nmt.errors import NmtError
+from nmt.optim import inverse_sqrt_lr, lr_scale
 from nmt.train import train
 
 from .synthetic import make_config, make_workdir
@@ -298,13 +300,35 @@ def worker_of_rank(agent: int, rank: int) -> int:
     raise AssertionError(f"no worker of rank {rank} under {agent}")
 
 
+def test_cooldown_takes_the_rate_linearly_to_zero_by_the_last_step(tmp_path, synthetic):
+    cfg = make_config(max_steps=20, save_every=20, log_every=1, warmup=5, cooldown=0.5)
+    workdir = fresh_workdir(tmp_path, synthetic)
+    train(cfg, workdir)
+    records = map(json.loads, (workdir / "metrics.jsonl").read_text().splitlines())
+    lrs = {r["step"]: r["lr"] for r in records if r["kind"] == "train"}
+    assert sorted(lrs) == list(range(1, 21))
+    scale = lr_scale(cfg.model, cfg.train)
+    for step, lr in lrs.items():
+        spent = (step - 1) / 20  # the rate of an update is set before it, from the budget spent so far
+        want = inverse_sqrt_lr(step, cfg.model.d_model, 5, scale) * min(1.0, (1 - spent) / 0.5)
+        assert lr == pytest.approx(want), step
+    assert lrs[10] == pytest.approx(inverse_sqrt_lr(10, cfg.model.d_model, 5, scale))  # before: the paper's
+    assert lrs[20] < 0.1 * lrs[11]
+
+
 def step_of(workdir: Path) -> int:
     return load_checkpoint(workdir / "checkpoints" / "last.pt").train_state["progress"]["step"]
 
 
 def test_two_processes_stop_together_on_the_time_budget_then_resume(tmp_path, synthetic):
+    # with a cool-down on the clock, whose rate every rank must agree on
     cfg = make_config(
-        max_steps=100_000, max_minutes=0.2, save_every=100_000, batch_tokens=512, update_tokens=1024
+        max_steps=100_000,
+        max_minutes=0.2,
+        cooldown=0.5,
+        save_every=100_000,
+        batch_tokens=512,
+        update_tokens=1024,
     )
     workdir = fresh_workdir(tmp_path, synthetic)
     proc = torchrun(write_recipe(tmp_path / "r.yaml", cfg), workdir)
