@@ -34,8 +34,7 @@ from train_throughput import WMT_LENGTHS, SyntheticPairs, synthetic_lengths
 
 from nmt.config import load_config
 from nmt.data.loader import Loader, PlannedUpdate, prepare, update_plan
-from nmt.model import PAD_ID
-from nmt.subword import BOS, EOS
+from nmt.tokens import BOS, EOS, PAD
 
 RESULTS = results_file.RESULTS
 SECTION = "## Training data loader"
@@ -48,9 +47,9 @@ def pair_by_pair(data, planned: PlannedUpdate) -> tuple[int, int]:
         pairs = [(_slice(data, "src", i), _slice(data, "tgt", i)) for i in idx.tolist()]
         n, s = len(pairs), max(len(x) for x, _ in pairs) + 1
         t = max(len(y) for _, y in pairs) + 1
-        src = torch.full((n, s), PAD_ID, dtype=torch.long)
-        tgt_in = torch.full((n, t), PAD_ID, dtype=torch.long)
-        tgt_out = torch.full((n, t), PAD_ID, dtype=torch.long)
+        src = torch.full((n, s), PAD, dtype=torch.long)
+        tgt_in = torch.full((n, t), PAD, dtype=torch.long)
+        tgt_out = torch.full((n, t), PAD, dtype=torch.long)
         for i, (x, y) in enumerate(pairs):
             src[i, : len(x)] = x
             src[i, len(x)] = EOS

@@ -6,10 +6,11 @@
 
 What runs is the trainer's own update, not a copy of it: the model, optimizer (fused Adam),
 precision (bf16 autocast where the recipe's `train.precision` resolves to it) and gradient accumulation
-come from the trainer's modules (`nmt.runtime.setup_runtime`, `nmt.data.loader.update_plan` and `prepare`,
-`nmt.update.train_step`), with the vocabulary set to data.vocab_size. Batches are cut by the real token-budget
-batcher (nmt.data.batching.epoch_batches) at train.batch_tokens, from the preprocessed training split
-(--data WORKDIR) or from synthetic lengths (`LengthModel`; token ids are random, which costs the same).
+come from the trainer's modules (`nmt.train.runtime.setup_runtime`, `nmt.data.loader.update_plan` and
+`prepare`, `nmt.train.update.train_step`), with the vocabulary set to data.vocab_size. Batches are cut by the
+real token-budget batcher (nmt.data.batching.epoch_batches) at train.batch_tokens, from the preprocessed
+training split (--data WORKDIR) or from synthetic lengths (`LengthModel`; token ids are random, which costs
+the same).
 
 Timing: K untimed warm-up updates, then N timed updates in W consecutive windows, each bracketed by a
 device synchronisation; figures are those of the median window by target tokens/s, so that a neighbour
@@ -45,10 +46,11 @@ from torch import Tensor
 from nmt.config import Config, ModelConfig, load_config
 from nmt.data.loader import Loader, Update, accumulation, prepare, to_device, update_plan
 from nmt.errors import NmtError
-from nmt.model import PAD_ID, Transformer, count_parameters
-from nmt.optim import build_optimizer, inverse_sqrt_lr, lr_scale
-from nmt.runtime import Runtime, setup_runtime
-from nmt.update import train_step
+from nmt.model import Transformer, count_parameters
+from nmt.tokens import PAD
+from nmt.train.optim import build_optimizer, inverse_sqrt_lr, lr_scale
+from nmt.train.runtime import Runtime, setup_runtime
+from nmt.train.update import train_step
 
 RESULTS = results_file.RESULTS
 SECTION = "## Training throughput"
@@ -212,8 +214,8 @@ class Window:
 def batch_figures(cfg: Config, batch: tuple[Tensor, Tensor, Tensor]) -> tuple[int, int, int, int]:
     """(source tokens, target tokens, padded slots of both sides, model FLOPs) of one collated batch."""
     src, tgt_in, _ = batch
-    s = (src != PAD_ID).sum(1).cpu()  # (B,) source tokens incl. EOS
-    t = (tgt_in != PAD_ID).sum(1).cpu()  # (B,) target positions incl. BOS
+    s = (src != PAD).sum(1).cpu()  # (B,) source tokens incl. EOS
+    t = (tgt_in != PAD).sum(1).cpu()  # (B,) target positions incl. BOS
     vocab = cfg.data.vocab_size
     return int(s.sum()), int(t.sum()), src.numel() + tgt_in.numel(), model_flops(cfg.model, s, t, vocab)
 

@@ -5,14 +5,14 @@
         --input runs/multi30k-en-de/data/test/test_2016_flickr.en --repeats 3 --record
 
 Engines: nmt (fp32 on a CPU, bf16 on a GPU) and CTranslate2 on a folder exported from the same checkpoint
-by nmt.export (float32 and int8 on a CPU; float16 and bfloat16 on a GPU). Every engine gets the same
+by nmt.translate.export (float32 and int8 on a CPU; float16 and bfloat16 on a GPU). Every engine gets the same
 decode settings (beam 4, the checkpoint's length penalty and length limit), the same batch budget (both
 cut batches with nmt.translate.token_batches) and the same threads (torch.set_num_threads, CTranslate2's
 intra_threads). Each engine lives in its own worker process, which loads the model once; the parent runs
 the timed passes round-robin (engine order rotated each repetition), so a neighbour stealing the CPU for
 a while slows every engine alike, and reads each worker's own resident-set high-water mark
 (getrusage(RUSAGE_SELF).ru_maxrss) as that engine's peak memory. Workers import torch whatever the
-engine (nmt.ctranslate2_engine shares nmt.translate's batching), so "over imports" is also reported:
+engine (nmt.translate.ctranslate2_engine shares nmt.translate's batching), so "over imports" is also reported:
 the peak minus the RSS right after the imports, which is what the model and the decoding cost.
 
 Figures: target subwords/s and sentences/s of a full pass (median over repetitions; target subwords
@@ -109,8 +109,8 @@ def random_model(workdir: Path, recipe: str = "multi30k-en-de") -> Path:
 
     from nmt.checkpoint import save_checkpoint
     from nmt.config import load_config
+    from nmt.data.subword import Subword, train_subword
     from nmt.model import Transformer
-    from nmt.subword import Subword, train_subword
 
     cfg = load_config(recipe, [])
     text = SyntheticText(seed=1)
@@ -353,7 +353,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
     from rich.table import Table
 
     from nmt.checkpoint import load_checkpoint
-    from nmt.export import export
+    from nmt.translate.export import export
 
     console = Console(stderr=True)
     with tempfile.TemporaryDirectory(prefix="translate-speed-") as tmp:

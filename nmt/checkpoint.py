@@ -85,8 +85,8 @@ def load_checkpoint(path: Path) -> Checkpoint:
 
 def load_model(path: Path, device: str | torch.device = "cpu"):
     """A checkpoint as a ready model: (Transformer in eval mode, Subword, Config)."""
+    from nmt.data.subword import Subword
     from nmt.model import Transformer
-    from nmt.subword import Subword
 
     ckpt = load_checkpoint(path)
     model = Transformer(ckpt.config.model, ckpt.vocab_size)

@@ -87,7 +87,7 @@ def preprocess(
       nmt preprocess recipes/multi30k-en-de.yaml --mirror ../shared/data/multi30k
     """
     from nmt.config import load_config
-    from nmt.preprocess import preprocess as run_preprocess
+    from nmt.data.preprocess import preprocess as run_preprocess
 
     cfg = load_config(recipe, overrides or [])
     run_preprocess(cfg, _workdir(recipe, workdir), mirror=mirror, force=force, console=err)
@@ -169,7 +169,7 @@ def export(
       nmt export -m runs/multi30k-en-de/checkpoints/average.pt --format ctranslate2 -o ct2-en-de
       nmt translate --engine ctranslate2 -m ct2-en-de -i in.en > out.de
     """
-    from nmt.export import export as run_export
+    from nmt.translate.export import export as run_export
 
     err.print(f"exported {model} to {run_export(model, output, fmt, force=force)}")
 

@@ -1,7 +1,7 @@
 """The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), in the paper's order.
 
 Shapes: B batch, S source length, T target length, D d_model, H heads, K = D / H per head, V vocabulary,
-L decoder layers. Token id 0 is padding (see nmt.subword).
+L decoder layers. Token id 0 is padding (see nmt.data.subword).
 
 Deviations from the paper, each optional and off in the paper recipes: `norm: pre` moves LayerNorm in
 front of each sub-layer (and adds one after each stack); attention and activation dropout.
@@ -25,8 +25,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmt.config import ModelConfig
+from nmt.tokens import PAD
 
-PAD_ID = 0
 # The self-attention cache grows by this many positions at a time, up to the state's max_len.
 CACHE_BLOCK = 16
 
@@ -48,7 +48,7 @@ def dropout(x: Tensor, p: float, training: bool) -> Tensor:
 
 def padding_mask(tokens: Tensor) -> Tensor:
     """Which keys attention may look at: (B, S) ids -> (B, 1, 1, S), True for real tokens."""
-    return (tokens != PAD_ID)[:, None, None, :]
+    return (tokens != PAD)[:, None, None, :]
 
 
 class MultiHeadAttention(nn.Module):
@@ -203,7 +203,7 @@ class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig, vocab_size: int):
         super().__init__()
         self.cfg, self.vocab_size = cfg, vocab_size
-        self.embed = nn.Embedding(vocab_size, cfg.d_model, padding_idx=PAD_ID)
+        self.embed = nn.Embedding(vocab_size, cfg.d_model, padding_idx=PAD)
         self.register_buffer(
             "positions", sinusoidal_positions(cfg.max_positions, cfg.d_model), persistent=False
         )
@@ -222,7 +222,7 @@ class Transformer(nn.Module):
                 nn.init.zeros_(module.bias)
         nn.init.normal_(self.embed.weight, mean=0.0, std=self.cfg.d_model**-0.5)
         with torch.no_grad():
-            self.embed.weight[PAD_ID].zero_()
+            self.embed.weight[PAD].zero_()
 
     def embed_tokens(self, tokens: Tensor, offset: int = 0) -> Tensor:
         """Embeddings times sqrt(D) plus positions, then dropout (3.4, 3.5, 5.4): (B, T) -> (B, T, D)."""
@@ -260,7 +260,7 @@ class Transformer(nn.Module):
 
     def forward(self, src: Tensor, tgt_in: Tensor, project: bool = True) -> Tensor:
         """Teacher-forced logits (B, T, V); project=False stops before the output projection, for a loss
-        that projects by itself (nmt.loss.projected_label_smoothed_nll)."""
+        that projects by itself (nmt.train.loss.projected_label_smoothed_nll)."""
         memory, src_keep = self.encode(src)
         return self.decode(tgt_in, memory, src_keep, project)
 

@@ -20,8 +20,8 @@ from rich.table import Table
 from nmt.atomic import write_text
 from nmt.checkpoint import average_checkpoints, last_checkpoints
 from nmt.config import Config
+from nmt.data.preprocess import preprocess
 from nmt.device import resolve_device
-from nmt.preprocess import preprocess
 from nmt.score import corpus_scores, read_lines
 from nmt.train import train
 from nmt.translate import LineTranslator, load_translator

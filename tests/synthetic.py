@@ -13,7 +13,8 @@ import sentencepiece as spm
 
 from nmt.config import Config, config_from_dict
 from nmt.data.binarized import write_split
-from nmt.subword import BOS, EOS, PAD, UNK, Subword
+from nmt.data.subword import Subword
+from nmt.tokens import BOS, EOS, PAD, UNK
 
 LETTERS = "abcdefghijklmnop"
 

@@ -13,8 +13,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from nmt.config import ModelConfig
-from nmt.loss import label_smoothed_nll
 from nmt.model import Transformer
+from nmt.train.loss import label_smoothed_nll
 
 # The benchmarks are scripts, not a package: import them the way `python benchmarks/x.py` would.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
@@ -107,7 +107,7 @@ for i, wps in enumerate([100, 900, 1000, 1100, 1000, 1000, 1000, 1000]):
 @pytest.mark.multi30k
 def test_train_speed_runs_fairseq_and_nmt_one_after_the_other(tmp_path, capsys, multi30k_mirror):
     from nmt.config import load_config
-    from nmt.preprocess import preprocess
+    from nmt.data.preprocess import preprocess
 
     data = tmp_path / "m30k"
     preprocess(load_config("multi30k-en-de"), data, mirror=str(multi30k_mirror))

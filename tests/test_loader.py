@@ -11,8 +11,7 @@ import torch
 from nmt.data.batching import collate
 from nmt.data.binarized import ParallelData, write_split
 from nmt.data.loader import Loader, prepare, update_plan
-from nmt.model import PAD_ID
-from nmt.subword import BOS, EOS
+from nmt.tokens import BOS, EOS, PAD
 
 from .synthetic import make_config
 
@@ -30,7 +29,7 @@ def reference_collate(data: ParallelData, idx: list[int]):
     src = [data.src(i).tolist() + [EOS] for i in idx]
     tgt_in = [[BOS] + data.tgt(i).tolist() for i in idx]
     tgt_out = [data.tgt(i).tolist() + [EOS] for i in idx]
-    pad = lambda rows: torch.tensor([r + [PAD_ID] * (max(map(len, rows)) - len(r)) for r in rows])  # noqa: E731
+    pad = lambda rows: torch.tensor([r + [PAD] * (max(map(len, rows)) - len(r)) for r in rows])  # noqa: E731
     return pad(src), pad(tgt_in), pad(tgt_out)
 
 
@@ -77,9 +76,9 @@ def test_the_loader_hands_over_the_plan_in_order_with_its_token_counts(tmp_path)
             assert (got.epoch, got.cursor) == (planned.epoch, planned.cursor)
             for a, b in zip(got.batches, want.batches, strict=True):
                 assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
-            targets = sum(int((b[2] != PAD_ID).sum()) for b in got.batches)
+            targets = sum(int((b[2] != PAD).sum()) for b in got.batches)
             assert got.targets == targets == int(got.target_tokens.item())
-            real = sum(int((b[0] != PAD_ID).sum()) + int((b[1] != PAD_ID).sum()) for b in got.batches)
+            real = sum(int((b[0] != PAD).sum()) + int((b[1] != PAD).sum()) for b in got.batches)
             assert got.real == real and got.padded == sum(b[0].numel() + b[1].numel() for b in got.batches)
         assert loader.wait_seconds >= 0
 

@@ -7,9 +7,10 @@ import torch
 import torch.nn.functional as F
 
 from nmt.config import ModelConfig, config_from_dict, resolve_recipe
-from nmt.loss import label_smoothed_nll, projected_label_smoothed_nll
-from nmt.model import CACHE_BLOCK, PAD_ID, Transformer, count_parameters, sinusoidal_positions
-from nmt.optim import cooldown_factor, inverse_sqrt_lr, lr_scale
+from nmt.model import CACHE_BLOCK, Transformer, count_parameters, sinusoidal_positions
+from nmt.tokens import PAD
+from nmt.train.loss import label_smoothed_nll, projected_label_smoothed_nll
+from nmt.train.optim import cooldown_factor, inverse_sqrt_lr, lr_scale
 
 TINY = ModelConfig(encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64, heads=4, dropout=0.0)
 
@@ -62,8 +63,8 @@ def test_padding_never_changes_non_pad_outputs():
     model = tiny_model()
     src = torch.randint(4, 40, (1, 5))
     tgt = torch.randint(4, 40, (1, 4))
-    padded_src = torch.cat([src, torch.full((1, 3), PAD_ID)], dim=1)
-    padded_tgt = torch.cat([tgt, torch.full((1, 2), PAD_ID)], dim=1)
+    padded_src = torch.cat([src, torch.full((1, 3), PAD)], dim=1)
+    padded_tgt = torch.cat([tgt, torch.full((1, 2), PAD)], dim=1)
     base = model(src, tgt)
     padded = model(padded_src, padded_tgt)
     assert torch.allclose(base, padded[:, :4], atol=1e-5)
@@ -75,7 +76,7 @@ def test_padding_never_changes_non_pad_outputs():
 def test_incremental_decoding_equals_full_recomputation(norm):
     model = tiny_model(norm=norm)
     src = torch.randint(4, 40, (3, 7))
-    src[1, 4:] = PAD_ID
+    src[1, 4:] = PAD
     tgt = torch.randint(4, 40, (3, 6))
     full = model(src, tgt)
     memory, keep = model.encode(src)
@@ -176,10 +177,10 @@ def test_cooldown_is_linear_to_zero_over_the_last_part_of_the_budget():
 def test_label_smoothing_matches_the_smoothed_target_distribution():
     torch.manual_seed(0)
     logits = torch.randn(5, 11)
-    target = torch.tensor([3, 4, PAD_ID, 7, 10])
+    target = torch.tensor([3, 4, PAD, 7, 10])
     eps = 0.1
-    loss, nll = label_smoothed_nll(logits, target, eps, PAD_ID)
-    keep = target != PAD_ID
+    loss, nll = label_smoothed_nll(logits, target, eps, PAD)
+    keep = target != PAD
     q = torch.full((5, 11), eps / 11)
     q[torch.arange(5), target] += 1 - eps
     expected = -(q * F.log_softmax(logits, -1)).sum(-1)[keep].sum()
@@ -197,9 +198,9 @@ def _minimal() -> dict:
 
 
 def _padded_targets(vocab: int) -> torch.Tensor:
-    target = torch.randint(PAD_ID + 1, vocab, (3, 7))
-    target[1, 4:] = PAD_ID
-    target[2, 1:] = PAD_ID
+    target = torch.randint(PAD + 1, vocab, (3, 7))
+    target[1, 4:] = PAD
+    target[2, 1:] = PAD
     return target
 
 
@@ -211,8 +212,8 @@ def test_projected_loss_is_the_loss_of_the_projected_logits():
     weight = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
     target = _padded_targets(50)
     for chunk in (1, 4, 0):  # 0: the default, one chunk here
-        loss, nll = projected_label_smoothed_nll(hidden, weight, target, 0.1, PAD_ID, chunk=chunk)
-        ref_loss, ref_nll = label_smoothed_nll(hidden @ weight.t(), target, 0.1, PAD_ID)
+        loss, nll = projected_label_smoothed_nll(hidden, weight, target, 0.1, PAD, chunk=chunk)
+        ref_loss, ref_nll = label_smoothed_nll(hidden @ weight.t(), target, 0.1, PAD)
         assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-6)
         assert nll.item() == pytest.approx(ref_nll.item(), rel=1e-6)
         got = torch.autograd.grad(0.37 * loss, (hidden, weight))
@@ -222,7 +223,7 @@ def test_projected_loss_is_the_loss_of_the_projected_logits():
         assert got[0][2, 1:].abs().max() == 0  # padding positions get no gradient
 
     def loss_of(h, w):
-        return projected_label_smoothed_nll(h, w, target, 0.1, PAD_ID, chunk=5)[0]
+        return projected_label_smoothed_nll(h, w, target, 0.1, PAD, chunk=5)[0]
 
     assert torch.autograd.gradcheck(loss_of, (hidden, weight))
 
@@ -233,8 +234,8 @@ def test_projected_loss_under_bf16_autocast_matches_autocast_linear():
     weight = torch.randn(50, 16, requires_grad=True)
     target = _padded_targets(50)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        loss, _ = projected_label_smoothed_nll(hidden, weight, target, 0.1, PAD_ID, chunk=4)
-        ref, _ = label_smoothed_nll(F.linear(hidden, weight), target, 0.1, PAD_ID)
+        loss, _ = projected_label_smoothed_nll(hidden, weight, target, 0.1, PAD, chunk=4)
+        ref, _ = label_smoothed_nll(F.linear(hidden, weight), target, 0.1, PAD)
     assert loss.dtype == torch.float32
     assert loss.item() == pytest.approx(ref.item(), rel=1e-3)
     got = torch.autograd.grad(loss, (hidden, weight))
@@ -255,9 +256,9 @@ def test_training_through_the_projected_loss_gives_the_logits_gradients():
         model = tiny_model(3).train()
         if projected:
             states = model(src, tgt_in, project=False)
-            loss, _ = projected_label_smoothed_nll(states, model.output_weight, tgt_out, 0.1, PAD_ID, 3)
+            loss, _ = projected_label_smoothed_nll(states, model.output_weight, tgt_out, 0.1, PAD, 3)
         else:
-            loss, _ = label_smoothed_nll(model(src, tgt_in), tgt_out, 0.1, PAD_ID)
+            loss, _ = label_smoothed_nll(model(src, tgt_in), tgt_out, 0.1, PAD)
         loss.backward()
         return loss.item(), {n: p.grad for n, p in model.named_parameters()}
 
@@ -273,7 +274,7 @@ def test_projected_loss_without_gradients_only_scores():
     hidden, weight = torch.randn(3, 7, 16), torch.randn(50, 16)
     target = _padded_targets(50)
     with torch.no_grad():
-        loss, nll = projected_label_smoothed_nll(hidden, weight, target, 0.1, PAD_ID, chunk=2)
-    ref_loss, ref_nll = label_smoothed_nll(hidden @ weight.t(), target, 0.1, PAD_ID)
+        loss, nll = projected_label_smoothed_nll(hidden, weight, target, 0.1, PAD, chunk=2)
+    ref_loss, ref_nll = label_smoothed_nll(hidden @ weight.t(), target, 0.1, PAD)
     assert not loss.requires_grad
     assert (loss.item(), nll.item()) == pytest.approx((ref_loss.item(), ref_nll.item()), rel=1e-5)

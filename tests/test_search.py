@@ -10,7 +10,7 @@ import torch
 
 from nmt.config import ModelConfig
 from nmt.model import CACHE_BLOCK, Transformer
-from nmt.search import (
+from nmt.translate.search import (
     BOS,
     EOS,
     PAD,
@@ -342,7 +342,7 @@ def test_a_prefix_is_continued_exactly_and_scored(beam):
 
 
 def sample_all(model, src, n, **kw):
-    from nmt.search import Sampler
+    from nmt.translate.search import Sampler
 
     g = torch.Generator().manual_seed(kw.pop("seed", 0))
     return greedy_search(model, src.repeat(n, 1), 1.0, 6, sampler=Sampler(generator=g, **kw))
@@ -372,7 +372,7 @@ def test_sampling_top_k_one_is_greedy_and_never_leaves_the_top_k():
 
 
 def test_an_ensemble_of_one_model_is_that_model():
-    from nmt.ensemble import Ensemble
+    from nmt.translate.ensemble import Ensemble
 
     model, src = random_model(6), pad(random_sources(6, 5))
     alone = beam_search(model, src, 4, 0.6, 1.0, 6, nbest=2)
@@ -383,7 +383,7 @@ def test_an_ensemble_of_one_model_is_that_model():
 
 
 def test_an_ensemble_picks_what_the_averaged_distribution_says():
-    from nmt.ensemble import Ensemble
+    from nmt.translate.ensemble import Ensemble
 
     # one model is sure of "a", the other mildly prefers "b": the average, 0.5 * (0.9 + 0.05) = 0.475 for
     # "a" against 0.5 * (0.05 + 0.6) = 0.325 for "b", picks "a"; the second model alone picks "b".

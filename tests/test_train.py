@@ -21,8 +21,8 @@ from nmt.config import config_to_dict
 from nmt.data.batching import collate
 from nmt.data.binarized import ParallelData
 from nmt.errors import NmtError
-from nmt.optim import inverse_sqrt_lr, lr_scale
 from nmt.train import train
+from nmt.train.optim import inverse_sqrt_lr, lr_scale
 
 from .synthetic import make_config, make_workdir
 
@@ -219,7 +219,7 @@ def test_dry_run_says_how_much_disk_the_checkpoints_take():
 
 
 def test_non_finite_losses_are_skipped_then_stop_training(tmp_path, synthetic, monkeypatch):
-    import nmt.update as trainer
+    import nmt.train.update as trainer
 
     workdir = fresh_workdir(tmp_path, synthetic)
     train(make_config(max_steps=5, save_every=5), workdir)

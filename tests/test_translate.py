@@ -17,8 +17,9 @@ from typer.testing import CliRunner
 from nmt.checkpoint import save_checkpoint
 from nmt.cli import app
 from nmt.config import config_from_dict
+from nmt.data.subword import Subword
 from nmt.model import Transformer
-from nmt.subword import BOS, EOS, PAD, UNK, Subword
+from nmt.tokens import BOS, EOS, PAD, UNK
 from nmt.translate import Translator, token_batches
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}

@@ -10,8 +10,7 @@ import torch
 from torch import Tensor
 
 from nmt.data.binarized import ParallelData
-from nmt.model import PAD_ID
-from nmt.subword import BOS, EOS
+from nmt.tokens import BOS, EOS, PAD
 
 
 def pack_batches(order: Tensor, src_lens: Tensor, tgt_lens: Tensor, batch_tokens: int) -> list[Tensor]:
@@ -73,4 +72,4 @@ def padded_rows(ids: Tensor, starts: Tensor, lens: Tensor, width: int, shift: in
     cols = torch.arange(width) - shift  # (W,)
     inside = (cols >= 0) & (cols < lens[:, None])  # (B, W)
     positions = torch.where(inside, starts[:, None] + cols, 0)  # (B, W) any valid index outside
-    return ids[positions].to(torch.int64).masked_fill_(~inside, PAD_ID)
+    return ids[positions].to(torch.int64).masked_fill_(~inside, PAD)

@@ -42,12 +42,12 @@ class TrainData:
     valid: ParallelData
     valid_src: list[str]
     valid_ref: list[str]
-    subword: object  # nmt.subword.Subword
+    subword: object  # nmt.data.subword.Subword
 
 
 def load_data(cfg: Config, workdir: Path) -> TrainData:
     """The binarized splits, validation text and SentencePiece model that `nmt preprocess` wrote."""
-    from nmt.subword import Subword
+    from nmt.data.subword import Subword
 
     data_dir = workdir / "data"
     spm = data_dir / "spm.model"

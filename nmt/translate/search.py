@@ -46,9 +46,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from nmt.model import PAD_ID
+from nmt.tokens import BOS, EOS, PAD
 
-PAD, BOS, EOS = PAD_ID, 2, 3  # nmt.subword's reserved ids; search needs no other part of the vocabulary
 # Finished sentences stay in the batch, frozen, until they are 1/COMPACT_EVERY of it: dropping them copies the
 # whole decoder state, which costs more than a few wasted rows per step.
 COMPACT_EVERY = 4

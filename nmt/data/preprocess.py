@@ -32,7 +32,7 @@ from nmt.config import Config, DataConfig, config_to_dict
 from nmt.data.binarized import write_split
 from nmt.data.clean import REASONS, clean_pairs, open_text, read_pairs
 from nmt.data.corpora import corpus_text
-from nmt.subword import Subword, train_subword
+from nmt.data.subword import Subword, train_subword
 
 STEPS = ("text", "subword", "binarize")
 FORMAT = 1  # bump when the outputs change meaning, so old work directories are redone

@@ -15,9 +15,9 @@ import torch.distributed as dist
 from torch import Tensor
 
 from nmt.data.loader import Update
-from nmt.loss import projected_label_smoothed_nll
-from nmt.model import PAD_ID
-from nmt.runtime import Runtime
+from nmt.tokens import PAD
+from nmt.train.loss import projected_label_smoothed_nll
+from nmt.train.runtime import Runtime
 
 
 def train_step(
@@ -62,7 +62,7 @@ def forward_backward(
         sync = i == last or rt.world_size == 1
         with contextlib.nullcontext() if sync else net.no_sync(), rt.autocast():
             states = net(src, tgt_in, project=False)  # (B, T, D)
-            loss, nll = projected_label_smoothed_nll(states, output_weight, tgt_out, label_smoothing, PAD_ID)
+            loss, nll = projected_label_smoothed_nll(states, output_weight, tgt_out, label_smoothing, PAD)
         (scaler.scale(loss * norm) if scaler else loss * norm).backward()
         sums += torch.stack([loss.detach(), nll.detach()])
     return sums

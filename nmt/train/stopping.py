@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 
 from nmt.config import Config
-from nmt.resume import TrainProgress
-from nmt.runtime import Runtime
+from nmt.train.resume import TrainProgress
+from nmt.train.runtime import Runtime
 
 
 class StopRequest:

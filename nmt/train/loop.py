@@ -3,9 +3,9 @@
 `train` is the paper's recipe as one loop that reads top to bottom: take the next update from the loader,
 set the learning rate and run the update (forward/backward over its micro-batches, clip, step, or skip
 it when not finite), decide together whether to stop, log, validate, save. Each job it relies on has
-its module: the process and device (nmt.runtime), the data plan and background loader
-(nmt.data.loader), the update (nmt.update), validation (nmt.validate), checkpoints and resume
-(nmt.resume), when to stop (nmt.stopping), logs and the live line (nmt.monitor).
+its module: the process and device (nmt.train.runtime), the data plan and background loader
+(nmt.data.loader), the update (nmt.train.update), validation (nmt.train.validate), checkpoints and resume
+(nmt.train.resume), when to stop (nmt.train.stopping), logs and the live line (nmt.train.monitor).
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ from nmt.config import Config
 from nmt.data.loader import Loader, accumulation, device_batch_tokens, load_data, update_plan
 from nmt.errors import Interrupted, NmtError
 from nmt.model import Transformer, count_parameters
-from nmt.monitor import MetricsLog, ProgressDisplay, TrainMeter
-from nmt.optim import build_optimizer, cooldown_factor, inverse_sqrt_lr, lr_scale
-from nmt.resume import disk_line, resume, run_facts, save_training_checkpoint
-from nmt.runtime import compile_for_training, setup_runtime
-from nmt.stopping import StopRequest, agree_to_stop, broadcast_stop, budget_used, finished
-from nmt.update import train_step
-from nmt.validate import validate
+from nmt.train.monitor import MetricsLog, ProgressDisplay, TrainMeter
+from nmt.train.optim import build_optimizer, cooldown_factor, inverse_sqrt_lr, lr_scale
+from nmt.train.resume import disk_line, resume, run_facts, save_training_checkpoint
+from nmt.train.runtime import compile_for_training, setup_runtime
+from nmt.train.stopping import StopRequest, agree_to_stop, broadcast_stop, budget_used, finished
+from nmt.train.update import train_step
+from nmt.train.validate import validate
 
 
 def train(cfg: Config, workdir: Path, console: Console | None = None) -> Path:

@@ -14,9 +14,7 @@ import sentencepiece as spm
 
 from nmt.config import DataConfig
 from nmt.errors import DataError
-
-PAD, UNK, BOS, EOS = 0, 1, 2, 3
-
+from nmt.tokens import BOS, EOS, PAD, UNK
 
 SAMPLE_SEED = 1  # the sentence sample is part of the model: the same corpus gives the same subwords
 

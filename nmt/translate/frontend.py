@@ -24,7 +24,7 @@ from rich.console import Console
 from nmt.config import DecodeConfig
 from nmt.device import inference_dtype, resolve_device
 from nmt.errors import NmtError
-from nmt.torch_engine import TorchEngine
+from nmt.translate.torch_engine import TorchEngine
 
 CHUNK_LINES = 2000  # lines read, sorted and batched together; their translations are flushed together
 # Every character str.splitlines() breaks on: none may survive inside one output line.
@@ -55,7 +55,7 @@ def token_batches(lengths: list[int], max_tokens: int, rows_per_sentence: int) -
 class LineTranslator:
     """The engine-independent front end: encode, truncate, batch by length, detokenize, keep the order.
 
-    The engine (nmt.torch_engine.TorchEngine, nmt.ctranslate2_engine.CT2Engine) takes subword ids and
+    The engine (torch_engine.TorchEngine, ctranslate2_engine.CT2Engine) takes subword ids and
     returns hypotheses; it knows nothing of lines or files: `engine.search(ids, prefixes) ->
     list[list[Hypothesis]]`, the n best of each source (ids without EOS), best first, and
     `engine.max_positions`.
@@ -129,12 +129,12 @@ def ctranslate2_translator(
 ) -> LineTranslator:
     """Lines through CTranslate2, over a folder written by `nmt export` (its own subword model)."""
     try:
-        from nmt.ctranslate2_engine import CT2Engine
+        from nmt.translate.ctranslate2_engine import CT2Engine
     except ImportError as e:
         raise NmtError(
             f"--engine ctranslate2 is not available ({e}); pip install 'nmt[ctranslate2]'"
         ) from None
-    from nmt.subword import Subword
+    from nmt.data.subword import Subword
 
     engine = CT2Engine(Path(model_dir), decode, device, compute_type, threads)
     return LineTranslator(engine, Subword.load(Path(model_dir) / "spm.model"), decode, console)
@@ -202,7 +202,7 @@ def load_translator(
         if len(paths) > 1:
             raise NmtError("--engine ctranslate2 decodes one model: ensembles need --engine torch")
         try:
-            from nmt.export import exported_decode
+            from nmt.translate.export import exported_decode
         except ImportError as e:
             raise NmtError(
                 f"--engine ctranslate2 is not available ({e}); pip install 'nmt[ctranslate2]'"
@@ -220,7 +220,7 @@ def load_translator(
         if other.proto != subword.proto:
             raise NmtError(f"{path}: its subword vocabulary differs from {paths[0]}'s; an ensemble needs one")
     if len(loaded) > 1:
-        from nmt.ensemble import Ensemble
+        from nmt.translate.ensemble import Ensemble
 
         model = Ensemble([m for m, _, _ in loaded])
     decode = check_decode(dataclasses.replace(cfg.decode, **decode_options))

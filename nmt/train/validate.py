@@ -9,9 +9,10 @@ import torch
 from nmt.config import Config
 from nmt.data.batching import collate, epoch_batches
 from nmt.data.loader import TrainData
-from nmt.loss import perplexity, projected_label_smoothed_nll
-from nmt.model import PAD_ID, Transformer
-from nmt.runtime import Runtime
+from nmt.model import Transformer
+from nmt.tokens import PAD
+from nmt.train.loss import perplexity, projected_label_smoothed_nll
+from nmt.train.runtime import Runtime
 
 
 @torch.no_grad()
@@ -25,10 +26,10 @@ def validate(model: Transformer, data: TrainData, cfg: Config, rt: Runtime) -> d
         with rt.autocast():
             states = model(src, tgt_in, project=False)  # (B, T, D)
             loss, nll = projected_label_smoothed_nll(
-                states, model.output_weight, tgt_out, cfg.train.label_smoothing, PAD_ID
+                states, model.output_weight, tgt_out, cfg.train.label_smoothing, PAD
             )
         loss_sum, nll_sum = loss_sum + loss.item(), nll_sum + nll.item()
-        tokens += int((tgt_out != PAD_ID).sum())
+        tokens += int((tgt_out != PAD).sum())
     result = {
         "loss": loss_sum / tokens,
         "nll": nll_sum / tokens,

@@ -1,11 +1,11 @@
 """The CTranslate2 engine, over a folder written by `nmt export --format ctranslate2`.
 
-A sibling of nmt.torch_engine under the same front end (nmt.translate.LineTranslator): subword ids in,
-n-best hypotheses out, nothing of lines or files; so both engines see the same batches. Decode options map
-to CTranslate2's own: min_len -> min_decoding_length, no_repeat_ngram_size, prefixes -> target_prefix,
+A sibling of nmt.translate.torch_engine under the same front end (nmt.translate.LineTranslator): subword
+ids in, n-best hypotheses out, nothing of lines or files; so both engines see the same batches. Decode options
+map to CTranslate2's own: min_len -> min_decoding_length, no_repeat_ngram_size, prefixes -> target_prefix,
 sampling -> sampling_topk / sampling_topp / sampling_temperature with a random seed set once.
 
-How nmt.search's conventions are obtained from CTranslate2's beam search:
+How nmt.translate.search's conventions are obtained from CTranslate2's beam search:
 - Stopping: a sentence stops once K hypotheses have finished, as ours (rule (a)). CTranslate2 does so
   whenever a length penalty is set; it would otherwise stop at the first finished top beam. So it runs
   with a negligible penalty (|Y|^1e-9, exactly 1 in float32), returns all K finished hypotheses with
@@ -13,10 +13,10 @@ How nmt.search's conventions are obtained from CTranslate2's beam search:
   penalty ((5 + |Y|) / 6)^alpha, |Y| counting the EOS, which CTranslate2's |Y|^alpha cannot express.
   Our early stop (rule (b)) only saves work: it never changes the n-best.
 - PAD and BOS are never emitted; EOS may come first (an empty translation). CTranslate2 removes PAD and
-  BOS before its softmax where nmt.search masks them after it, so its log-probs are renormalized over
+  BOS before its softmax where our search masks them after it, so its log-probs are renormalized over
   the other tokens: scores come out slightly higher (by the mass the model puts on PAD and BOS, about
   0.01 a token for a model trained with label smoothing), and near-ties can rank differently.
-- Prefixes: CTranslate2's scores leave out the forced prefix's log-probs where nmt.search counts them,
+- Prefixes: CTranslate2's scores leave out the forced prefix's log-probs where our search counts them,
   so with beam > 1 and a prefix the length-normalized reranking can pick another hypothesis.
 - Length limit: floor(a * |x| + b) tokens before the EOS. CTranslate2 has one limit per batch, so it
   decodes up to the batch's largest limit and longer hypotheses are cut at their sentence's limit. At a
@@ -32,20 +32,20 @@ from pathlib import Path
 
 from nmt.config import DecodeConfig
 from nmt.errors import NmtError
-from nmt.export import import_ctranslate2, read_meta
-from nmt.search import Hypothesis
-from nmt.subword import BOS, EOS, PAD
+from nmt.tokens import BOS, EOS, PAD
+from nmt.translate.export import import_ctranslate2, read_meta
+from nmt.translate.search import Hypothesis
 
 NO_PENALTY = 1e-9  # non-zero, so CTranslate2 waits for K finished hypotheses; |Y|^1e-9 == 1.0 in float32
 
 
 def gnmt_score(raw: float, length: int, alpha: float) -> float:
-    """raw / ((5 + |Y|) / 6)^alpha, |Y| counting the EOS (nmt.search.length_penalty)."""
+    """raw / ((5 + |Y|) / 6)^alpha, |Y| counting the EOS (nmt.translate.search.length_penalty)."""
     return raw / ((5 + length) / 6) ** alpha
 
 
 class CT2Engine:
-    """An exported model folder, searched by CTranslate2, reranked as nmt.search."""
+    """An exported model folder, searched by CTranslate2, reranked as nmt.translate.search."""
 
     name = "ctranslate2"
 
@@ -82,7 +82,7 @@ class CT2Engine:
             ) from None
 
     def limits(self, ids: list[list[int]]) -> list[int]:
-        """floor(a * |x| + b) tokens before the EOS, within the model's positions (nmt.search)."""
+        """floor(a * |x| + b) tokens before the EOS, within the model's positions (nmt.translate.search)."""
         d = self.decode
         return [
             max(0, min(math.floor(d.max_len_a * len(x) + d.max_len_b), self.max_positions - 1)) for x in ids
@@ -92,7 +92,7 @@ class CT2Engine:
         """The n best (token ids, GNMT-normalized score) of each source, best first."""
         d = self.decode
         limits = self.limits(ids)
-        if prefixes is not None:  # at least the prefix, as nmt.search.max_output_lengths
+        if prefixes is not None:  # at least the prefix, as nmt.translate.search.max_output_lengths
             limits = [max(limit, len(p)) for limit, p in zip(limits, prefixes, strict=True)]
         options = {}
         if d.sampling:

@@ -1,4 +1,4 @@
-"""The PyTorch engine: subword ids in, n-best hypotheses out, through nmt.search. No files, no lines.
+"""The PyTorch engine: subword ids in, n-best hypotheses out, through nmt.translate.search; no files or lines.
 
 It picks the search from the decode settings: greedy for beam 1 (the same result as beam 1, less work),
 beam search otherwise, and drawing with a sampler when `decode.sampling` is on (`nbest` samples each).
@@ -10,7 +10,8 @@ import torch
 from torch import Tensor
 
 from nmt.config import DecodeConfig
-from nmt.search import EOS, PAD, Hypothesis, Sampler, beam_search, greedy_search
+from nmt.tokens import EOS, PAD
+from nmt.translate.search import Hypothesis, Sampler, beam_search, greedy_search
 
 
 def padded_sources(ids: list[list[int]], device: torch.device) -> Tensor:
@@ -32,7 +33,7 @@ def padded_prefixes(prefixes: list[list[int]] | None, device: torch.device) -> T
 
 
 class TorchEngine:
-    """A model (or an nmt.ensemble.Ensemble) searched with nmt.search on one device."""
+    """A model (or an nmt.translate.ensemble.Ensemble) searched with nmt.translate.search on one device."""
 
     name = "torch"
 

@@ -18,9 +18,9 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from nmt.config import Config
 from nmt.data.loader import Update
-from nmt.loss import perplexity
-from nmt.resume import TrainProgress
-from nmt.runtime import Runtime
+from nmt.train.loss import perplexity
+from nmt.train.resume import TrainProgress
+from nmt.train.runtime import Runtime
 
 
 class TrainMeter:

@@ -24,7 +24,7 @@ from nmt.checkpoint import Checkpoint, load_checkpoint, save_checkpoint, step_ch
 from nmt.config import Config, config_to_dict
 from nmt.data.loader import TrainData, shard
 from nmt.errors import CheckpointError
-from nmt.runtime import Runtime
+from nmt.train.runtime import Runtime
 
 
 @dataclass

@@ -25,7 +25,7 @@ from pathlib import Path
 from nmt.checkpoint import Checkpoint, load_checkpoint
 from nmt.config import DecodeConfig
 from nmt.errors import CheckpointError, NmtError
-from nmt.subword import BOS, EOS, UNK
+from nmt.tokens import BOS, EOS, UNK
 
 FORMATS = ("ctranslate2",)
 META_FILE = "nmt.json"
@@ -172,7 +172,7 @@ def transformer_spec(ckpt: Checkpoint, pieces: list[str], specs):
 
     spec.register_source_vocabulary(pieces)
     spec.register_target_vocabulary(pieces)
-    # Decoding starts from BOS; the source is ids + [EOS] (nmt.subword's conventions), which
+    # Decoding starts from BOS; the source is ids + [EOS] (nmt.data.subword's conventions), which
     # CTranslate2 appends itself so that the folder also works without nmt.
     spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = (
         pieces[UNK],
