@@ -234,7 +234,11 @@ def translate(
     ] = None,
     device: Annotated[str, typer.Option(help="auto (CUDA if available), cpu, cuda or cuda:N.")] = "auto",
     dtype: Annotated[
-        str, typer.Option(help="auto (bf16 on a CUDA GPU that has it, else fp32), fp32, bf16, fp16.")
+        str,
+        typer.Option(
+            help="auto (bf16 on a CUDA GPU that has it, else fp32), fp32, bf16, fp16, or int8 (CPU: "
+            "8-bit weights, faster; translations may differ a little from fp32's)."
+        ),
     ] = "auto",
     interactive: Annotated[
         bool,
@@ -307,7 +311,11 @@ def serve(
     lenpen: Annotated[float | None, typer.Option(help="Length penalty alpha, ((5+|Y|)/6)^alpha.")] = None,
     device: Annotated[str, typer.Option(help="auto (CUDA if available), cpu, cuda or cuda:N.")] = "auto",
     dtype: Annotated[
-        str, typer.Option(help="auto (bf16 on a CUDA GPU that has it, else fp32), fp32, bf16, fp16.")
+        str,
+        typer.Option(
+            help="auto (bf16 on a CUDA GPU that has it, else fp32), fp32, bf16, fp16, or int8 (CPU: "
+            "8-bit weights, faster; translations may differ a little from fp32's)."
+        ),
     ] = "auto",
 ) -> None:
     """Serve a model over HTTP: LibreTranslate's /translate and /languages, OpenNMT-py's route.

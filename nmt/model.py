@@ -212,6 +212,8 @@ class Transformer(nn.Module):
         pre = cfg.norm == "pre"
         self.encoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
         self.decoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
+        # int8 inference only (nmt.translate.int8): the output projection's weights, quantized
+        self.int8_output: nn.Module | None = None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -251,6 +253,8 @@ class Transformer(nn.Module):
 
     def output(self, y: Tensor) -> Tensor:
         """Pre-softmax projection with the shared embedding matrix: (.., D) -> (.., V)."""
+        if self.int8_output is not None:
+            return self.int8_output(self.decoder_norm(y))
         return F.linear(self.decoder_norm(y), self.output_weight)
 
     @property

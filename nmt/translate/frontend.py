@@ -198,6 +198,9 @@ def load_translator(
     """
     paths = [Path(p) for p in (model_path if isinstance(model_path, list | tuple) else [model_path])]
     torch_device = resolve_device(device)
+    int8 = dtype.strip().lower() == "int8"  # 8-bit weights on the CPU: nmt.translate.int8
+    if int8 and torch_device.type != "cpu":
+        raise NmtError(f"--dtype int8 runs on the CPU, not {torch_device}: add --device cpu")
     if engine == "ctranslate2":
         if len(paths) > 1:
             raise NmtError("--engine ctranslate2 decodes one model: ensembles need --engine torch")
@@ -208,12 +211,16 @@ def load_translator(
                 f"--engine ctranslate2 is not available ({e}); pip install 'nmt[ctranslate2]'"
             ) from None
         decode = check_decode(dataclasses.replace(exported_decode(paths[0]), **decode_options))
-        return ctranslate2_translator(paths[0], decode, str(torch_device), console=console), decode
+        compute_type = "int8" if int8 else "default"
+        translator = ctranslate2_translator(
+            paths[0], decode, str(torch_device), compute_type, console=console
+        )
+        return translator, decode
     if engine != "torch":
         raise NmtError(f"--engine {engine}: expected torch or ctranslate2")
     from nmt.checkpoint import load_model
 
-    torch_dtype = inference_dtype(dtype, torch_device)
+    torch_dtype = torch.float32 if int8 else inference_dtype(dtype, torch_device)
     loaded = [load_model(p, torch_device) for p in paths]
     model, subword, cfg = loaded[0]
     for path, (_, other, _) in zip(paths[1:], loaded[1:], strict=True):
@@ -224,7 +231,12 @@ def load_translator(
 
         model = Ensemble([m for m, _, _ in loaded])
     decode = check_decode(dataclasses.replace(cfg.decode, **decode_options))
-    return Translator(model.to(torch_dtype), subword, decode, torch_device, console), decode
+    model = model.to(torch_dtype)
+    if int8:
+        from nmt.translate.int8 import quantize_int8
+
+        model = quantize_int8(model)
+    return Translator(model, subword, decode, torch_device, console), decode
 
 
 def check_decode(d: DecodeConfig) -> DecodeConfig:

@@ -1,0 +1,72 @@
+"""`--dtype int8`: every linear map, the tied output projection included, in 8 bits, close to fp32."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import sacrebleu
+import torch
+from torch import nn
+from typer.testing import CliRunner
+
+from nmt.cli import app
+from nmt.errors import NmtError
+from nmt.model import Transformer
+from nmt.translate.int8 import Int8Linear, quantize_int8
+
+from .synthetic import make_config
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def test_an_int8_linear_map_is_within_a_few_percent_of_float():
+    torch.manual_seed(0)
+    linear = nn.Linear(256, 1024)
+    x = torch.randn(12, 1, 256)
+    exact, approx = linear(x), Int8Linear(linear.weight, linear.bias)(x)
+    assert approx.shape == exact.shape == (12, 1, 1024)
+    error = (approx - exact).norm() / exact.norm()
+    assert 0 < error < 0.03, f"relative error {error:.4f}"  # 0: it must not be fp32 in disguise
+
+
+def test_every_linear_map_and_the_output_projection_are_quantized():
+    torch.manual_seed(0)
+    model = Transformer(make_config().model, 64).eval()
+    src = torch.randint(4, 64, (3, 9))
+    tgt = torch.randint(4, 64, (3, 7))
+    with torch.inference_mode():
+        exact = model(src, tgt)
+        quantize_int8(model)
+        approx = model(src, tgt)
+    assert not any(isinstance(m, nn.Linear) for m in model.modules())
+    assert isinstance(model.int8_output, Int8Linear)
+    error = (approx - exact).norm() / exact.norm()
+    assert 0 < error < 0.05, f"relative error of the logits {error:.4f}"
+
+
+def test_int8_is_refused_off_float32():
+    model = Transformer(make_config().model, 64).to(torch.bfloat16)
+    with pytest.raises(NmtError, match="int8"):
+        quantize_int8(model)
+
+
+def translate(model: Path, source: Path, *options: str) -> list[str]:
+    result = CliRunner().invoke(app, ["translate", "-m", str(model), "-i", str(source), *options])
+    assert result.exit_code == 0, result.output
+    return result.stdout.split("\n")[:-1]
+
+
+def test_int8_translations_score_as_fp32s(synthetic_run: Path):
+    """The trained reversal model through `nmt translate --dtype int8`: BLEU against the references
+    within a point of fp32's, and most lines the same as fp32's."""
+    model, source = synthetic_run / "checkpoints" / "best.pt", synthetic_run / "data" / "valid.xx"
+    refs = (synthetic_run / "data" / "valid.yy").read_text().split("\n")[:-1]
+    fp32 = translate(model, source, "--dtype", "fp32", "--device", "cpu")
+    int8 = translate(model, source, "--dtype", "int8", "--device", "cpu")
+    assert len(int8) == len(fp32) == len(refs)
+    bleu_fp32 = sacrebleu.corpus_bleu(fp32, [refs]).score
+    bleu_int8 = sacrebleu.corpus_bleu(int8, [refs]).score
+    assert bleu_int8 >= bleu_fp32 - 1.0, f"int8 {bleu_int8:.2f} vs fp32 {bleu_fp32:.2f}"
+    same = sum(a == b for a, b in zip(int8, fp32, strict=True)) / len(fp32)
+    assert same >= 0.9, f"{same:.0%} of lines as fp32's"
