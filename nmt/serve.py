@@ -290,7 +290,8 @@ def serve(
     console.print(
         f"serving {model_path} ({service.src} -> {service.tgt}) on http://{host}:{server.server_address[1]} "
         f"device {param.device if param is not None else device}, "
-        f"{str(param.dtype).removeprefix('torch.') if param is not None else dtype}, beam {decode.beam}, "
+        f"{str(param.dtype).removeprefix('torch.') if param is not None and dtype != 'int8' else dtype}, "
+        f"beam {decode.beam}, "
         f"batches of up to {max_batch_tokens} tokens within {batch_wait_ms:g} ms",
         highlight=False,
         soft_wrap=True,
