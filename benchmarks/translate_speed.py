@@ -4,13 +4,13 @@
     python benchmarks/translate_speed.py --model runs/multi30k-en-de/checkpoints/average.pt \\
         --input runs/multi30k-en-de/data/test/test_2016_flickr.en --repeats 3 --record
 
-Engines: nmt (fp32 on a CPU, bf16 on a GPU) and CTranslate2 on a folder exported from the same checkpoint
-by nmt.translate.export (float32 and int8 on a CPU; float16 and bfloat16 on a GPU). Every engine gets the same
-decode settings (beam 4, the checkpoint's length penalty and length limit), the same batch budget (both
-cut batches with nmt.translate.token_batches) and the same threads (torch.set_num_threads, CTranslate2's
-intra_threads). Each engine lives in its own worker process, which loads the model once; the parent runs
-the timed passes round-robin (engine order rotated each repetition), so a neighbour stealing the CPU for
-a while slows every engine alike, and reads each worker's own resident-set high-water mark
+Engines: nmt (fp32 and int8 on a CPU, bf16 on a GPU) and CTranslate2 on a folder exported from the same
+checkpoint by nmt.translate.export (float32 and int8 on a CPU; float16 and bfloat16 on a GPU). Every engine
+gets the same decode settings (beam 4, the checkpoint's length penalty and length limit), the same batch
+budget (both cut batches with nmt.translate.token_batches) and the same threads (torch.set_num_threads,
+CTranslate2's intra_threads). Each engine lives in its own worker process, which loads the model once; the
+parent runs the timed passes round-robin (engine order rotated each repetition), so a neighbour stealing
+the CPU for a while slows every engine alike, and reads each worker's own resident-set high-water mark
 (getrusage(RUSAGE_SELF).ru_maxrss) as that engine's peak memory. Workers import torch whatever the
 engine (nmt.translate.ctranslate2_engine shares nmt.translate's batching), so "over imports" is also reported:
 the peak minus the RSS right after the imports, which is what the model and the decoding cost.
@@ -59,7 +59,7 @@ import results_file  # benchmarks/results_file.py: these scripts run with benchm
 RESULTS = results_file.RESULTS
 SECTION = "## Translation speed"
 MIB = 1024**2
-CPU_ENGINES = [("nmt", "fp32"), ("ctranslate2", "float32"), ("ctranslate2", "int8")]
+CPU_ENGINES = [("nmt", "fp32"), ("nmt", "int8"), ("ctranslate2", "float32"), ("ctranslate2", "int8")]
 GPU_ENGINES = [("nmt", "bf16"), ("ctranslate2", "float16"), ("ctranslate2", "bfloat16")]
 NEWSTEST_WORDS = (25.0, 14.0)  # mean and standard deviation of words per sentence
 
@@ -104,7 +104,11 @@ class SyntheticText:
 
 
 def random_model(workdir: Path, recipe: str = "multi30k-en-de") -> Path:
-    """A checkpoint of the recipe's model with random weights and a SentencePiece model of synthetic text."""
+    """A checkpoint of the recipe's model with random weights and a SentencePiece model of synthetic text.
+
+    The synthetic text has enough distinct words for the recipe's vocabulary (37,000 subwords for the
+    WMT14 base recipe need ~40,000 words), so the model has the recipe's exact parameter count.
+    """
     import torch
 
     from nmt.checkpoint import save_checkpoint
@@ -113,9 +117,10 @@ def random_model(workdir: Path, recipe: str = "multi30k-en-de") -> Path:
     from nmt.model import Transformer
 
     cfg = load_config(recipe, [])
-    text = SyntheticText(seed=1)
+    words = 6000 if cfg.data.vocab_size <= 8000 else cfg.data.vocab_size * 11 // 10
+    text = SyntheticText(seed=1, vocabulary=words)
     corpus = workdir / "spm-train.txt"
-    corpus.write_text("\n".join(text.sentences(sentence_lengths(text.rng, 20000, 12, 6))) + "\n")
+    corpus.write_text("\n".join(text.sentences(sentence_lengths(text.rng, max(20000, words), 12, 6))) + "\n")
     subword = Subword.load(train_subword([corpus], workdir / "spm", cfg.data))
     torch.manual_seed(1)
     model = Transformer(cfg.model, subword.vocab_size)
@@ -151,7 +156,13 @@ def worker() -> None:
         rss_imports = max_rss()
         device = torch.device(job["device"])
         model, subword, _ = load_model(Path(job["checkpoint"]), device)
-        translator = Translator(model.to(DTYPES[job["compute"]]), subword, decode, device)
+        if job["compute"] == "int8":
+            from nmt.translate.int8 import quantize_int8
+
+            model = quantize_int8(model)
+        else:
+            model = model.to(DTYPES[job["compute"]])
+        translator = Translator(model, subword, decode, device)
     else:
         from nmt.translate import ctranslate2_translator
 
@@ -323,7 +334,12 @@ def record_entry(results: list[Result], about: dict) -> str:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", type=Path, help="an nmt checkpoint (default: random weights, Multi30k size)")
+    p.add_argument("--model", type=Path, help="an nmt checkpoint (default: random weights, --recipe's size)")
+    p.add_argument(
+        "--recipe",
+        default="multi30k-en-de",
+        help="without --model: the recipe whose model gets random weights (wmt14-en-de-base: 63M parameters)",
+    )
     p.add_argument("--input", type=Path, help="source sentences, one a line (default: synthetic)")
     p.add_argument("--lines", type=int, help="use the first N input lines (default: all; synthetic: 300)")
     p.add_argument("--repeats", type=int, default=3, help="timed passes per engine (default 3)")
@@ -360,9 +376,9 @@ def main(argv: list[str] | None = None) -> list[Result]:
         work = Path(tmp)
         if args.model is None:
             console.print(
-                "no --model: random weights of the multi30k-en-de recipe's size (nothing is trained)"
+                f"no --model: random weights of the {args.recipe} recipe's size (nothing is trained)"
             )
-            checkpoint, random_weights = random_model(work), True
+            checkpoint, random_weights = random_model(work, args.recipe), True
         else:
             checkpoint, random_weights = args.model, False
         ckpt = load_checkpoint(checkpoint)
@@ -404,7 +420,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
     cfg = ckpt.config.model
     params = sum(v.numel() for k, v in ckpt.model_state.items())
     about = {
-        "model": "random weights, multi30k-en-de size" if random_weights else str(checkpoint),
+        "model": f"random weights, {args.recipe} size" if random_weights else str(checkpoint),
         "model_detail": f"{cfg.encoder_layers}+{cfg.decoder_layers} layers, d_model {cfg.d_model}, "
         f"d_ff {cfg.d_ff}, {cfg.heads} heads, vocabulary {ckpt.vocab_size}, {params:,} parameters"
         + (" (random weights: outputs run to the length limit)" if random_weights else ""),
