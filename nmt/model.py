@@ -180,12 +180,14 @@ class DecoderLayer(nn.Module):
 class DecoderState:
     """Everything the decoder remembers between steps, for N = B sentences x beam rows, sentence-major.
 
-    Rows move (beam selection, finished sentences leaving) by gathering the filled positions of the cache
-    into `spare`, which then becomes the cache: one copy, and no allocation while the shapes stay.
+    Rows move (beam selection, finished sentences leaving) layer by layer: a layer's filled positions are
+    gathered into `spare`, which becomes that layer's cache, and its old cache the spare of the next layer.
+    One copy, no allocation while the shapes stay, and one layer's buffer beyond the cache (a spare for
+    the whole cache would double the decoder's largest memory).
     """
 
-    self_kv: Tensor  # (L, 2, R, H, C, K), R >= N rows, C positions: rows :N, positions :length are filled
-    spare: Tensor  # (L, 2, R, H, C, K): where the next gather of rows writes
+    self_kv: list[Tensor]  # L x (2, R, H, C, K), R >= N rows, C positions: rows :N, positions :length filled
+    spare: Tensor  # (2, R, H, C, K): where the next gather of a layer's rows writes
     mem_kv: Tensor  # (L, 2, B, H, S, K): encoder keys/values, projected once, shared by a sentence's rows
     src_bias: Tensor  # (B, 1, 1, S): 0 for source tokens, -inf for padding (a bool mask costs ops a call)
     beam: int  # rows per sentence
@@ -274,29 +276,30 @@ class Transformer(nn.Module):
         """State for `beam` rows per sentence of memory (B, S, D): encoder keys/values for cross-attention
         projected once per sentence, and a self-attention cache one block long."""
         mem_kv = torch.stack([torch.stack(layer.cross_attn.memory_kv(memory)) for layer in self.decoder])
-        self_kv = self.empty_cache(memory, memory.shape[0] * beam, min(CACHE_BLOCK, max_len))
+        rows, positions = memory.shape[0] * beam, min(CACHE_BLOCK, max_len)
+        self_kv = [self.empty_cache(memory, rows, positions) for _ in self.decoder]
         src_bias = torch.zeros(src_keep.shape, dtype=memory.dtype, device=memory.device)
         src_bias.masked_fill_(~src_keep, -math.inf)
-        return DecoderState(self_kv, torch.empty_like(self_kv), mem_kv, src_bias, beam, max_len)
+        spare = self.empty_cache(memory, rows, positions)
+        return DecoderState(self_kv, spare, mem_kv, src_bias, beam, max_len)
 
     def empty_cache(self, like: Tensor, rows: int, positions: int) -> Tensor:
-        """Self-attention keys/values (L, 2, rows, H, positions, K), uninitialized: only filled are read."""
+        """One layer's self-attention keys/values (2, rows, H, positions, K), uninitialized: only filled
+        positions are read."""
         cfg = self.cfg
-        return like.new_empty(len(self.decoder), 2, rows, cfg.heads, positions, cfg.d_model // cfg.heads)
+        return like.new_empty(2, rows, cfg.heads, positions, cfg.d_model // cfg.heads)
 
     def step(self, tokens: Tensor, state: DecoderState) -> tuple[Tensor, DecoderState]:
         """Feed the last token of every row: (N,) ids -> logits (N, V) for the next position."""
         t, n = state.length, state.rows
-        if t == state.self_kv.shape[4]:  # the cache is full: grow it by a block
+        if t == state.self_kv[0].shape[3]:  # the cache is full: grow it by a block
             if t >= state.max_len:
                 raise ValueError(f"step {t + 1} is past the {state.max_len} positions of init_state")
-            grown = self.empty_cache(state.self_kv, n, min(t + CACHE_BLOCK, state.max_len))
-            grown[:, :, :, :, :t] = state.self_kv[:, :, :n, :, :t]
-            state.self_kv, state.spare = grown, torch.empty_like(grown)
+            self.grow_cache(state, min(t + CACHE_BLOCK, state.max_len))
         y = self.embed_tokens(tokens[:, None], offset=t)  # (N, 1, D)
         for i, layer in enumerate(self.decoder):
             mem_k, mem_v = state.mem_kv[i]  # each (B, H, S, K)
-            y = layer.step(y, state.self_kv[i, :, :n], t, mem_k, mem_v, state.src_bias, state.beam)
+            y = layer.step(y, state.self_kv[i][:, :n], t, mem_k, mem_v, state.src_bias, state.beam)
         state.length = t + 1
         return self.output(y[:, 0]), state
 
@@ -317,14 +320,24 @@ class Transformer(nn.Module):
         state.src_bias = state.src_bias.index_select(0, sentences)
         return state
 
+    def grow_cache(self, state: DecoderState, capacity: int) -> None:
+        """Every layer's cache (and the spare) to `capacity` positions, a layer at a time, so that the old
+        and the grown cache are never held whole at once."""
+        t, n = state.length, state.rows
+        state.spare = self.empty_cache(state.spare, n, capacity)
+        for i, kv in enumerate(state.self_kv):
+            state.spare[:, :, :, :t] = kv[:, :n, :, :t]
+            state.self_kv[i], state.spare = state.spare, self.empty_cache(kv, n, capacity)
+
     def gather_cache(self, state: DecoderState, rows: Tensor) -> DecoderState:
-        """Row i of the self-attention cache takes row rows[i]'s filled positions: one copy into the spare."""
-        t, n, capacity = state.length, rows.shape[0], state.self_kv.shape[4]
-        # More rows than the buffers hold (select_rows repeating sentences): two new buffers of n rows.
-        fits = n <= state.spare.shape[2]
-        target = state.spare if fits else self.empty_cache(state.self_kv, n, capacity)
-        torch.index_select(state.self_kv[:, :, :, :, :t], 2, rows, out=target[:, :, :n, :, :t])
-        state.self_kv, state.spare = target, state.self_kv if fits else torch.empty_like(target)
+        """Row i of each layer's self-attention cache takes row rows[i]'s filled positions: one copy into
+        the spare, which becomes the layer's cache; the old cache is the next layer's spare."""
+        t, n = state.length, rows.shape[0]
+        for i, kv in enumerate(state.self_kv):
+            # More rows than the spare holds (select_rows repeating sentences): a new buffer of n rows.
+            target = state.spare if n <= state.spare.shape[1] else self.empty_cache(kv, n, kv.shape[3])
+            torch.index_select(kv[:, :, :, :t], 1, rows, out=target[:, :n, :, :t])
+            state.self_kv[i], state.spare = target, kv
         return state
 
 
