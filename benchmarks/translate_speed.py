@@ -195,6 +195,17 @@ def worker() -> None:
 
 
 def max_rss() -> int:
+    """This process's resident-set high-water mark, in bytes.
+
+    VmHWM where there is /proc: getrusage's ru_maxrss survives exec, so a worker started by a parent that
+    holds a large model would report the parent's size as its own.
+    """
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
