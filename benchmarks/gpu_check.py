@@ -25,19 +25,18 @@ out of time is recorded with its reason and the end of its log, and the next one
                 or preprocessed first from --mirror / NMT_DATA_MIRROR), its last checkpoints averaged,
                 test_2016_flickr translated and scored: updates, tokens/s, sacreBLEU
 
-The whole run keeps within --budget seconds (default 510, so that interpreter start-up included it ends
-inside 9 minutes): a stage is given its own cap or what the budget has left after keeping the minimum
-of the stages after it, whichever is less, and is skipped when that is below its own minimum; the demo
-trains for less than 3 minutes when that is all the budget leaves, and says so. `--stages` runs chosen
-stages, to finish the rest in a second command. Nothing here needs more than the runtime dependencies:
-without pytest the tests are skipped, without ctranslate2 the CTranslate2 rows, each with the reason;
-`--wheels DIR` installs wheels carried there (pytest, ctranslate2 and their dependencies) into
-OUT/site-packages first, with pip and no index.
+The whole run keeps within --budget seconds (default 540: 9 minutes). A stage is given its own cap or
+what the budget has left after keeping the minimum of the stages after it, whichever is less, and is
+skipped when that is below its own minimum; the demo trains for less than 3 minutes when that is all
+the budget leaves, and says so. `--stages` runs chosen stages, to finish the rest in a second command.
+Nothing here needs more than the runtime dependencies: without pytest the tests are skipped, without
+ctranslate2 the CTranslate2 rows, each with the reason; `--wheels DIR` installs wheels carried there
+(pytest, ctranslate2 and their dependencies) into OUT/site-packages first, with pip and no index.
 
 Writes OUT/report.md and OUT/report.json (rewritten after every stage, so a run cut short still leaves
 a report), each stage's log in OUT/logs/ and its work in OUT/work/. `--tiny` shrinks every model,
-batch, count and duration so that the stages run on the CPU in well under a minute: its figures mean
-nothing; it proves the harness.
+batch, count and duration and runs the stages on the CPU (a minute or two on 2 shared cores, less on an
+idle machine): its figures mean nothing; it proves the harness.
 """
 
 from __future__ import annotations
@@ -79,7 +78,7 @@ class Stage:
 
 STAGES = [
     Stage("environment", cap=60, minimum=5),
-    Stage("tests", cap=180, minimum=60),
+    Stage("tests", cap=240, minimum=60),  # two of its tests compile: a minute or more each, cold
     Stage("train-base-eager", cap=75, minimum=30),
     Stage("train-base-compiled", cap=150, minimum=60),
     Stage("train-big-eager", cap=90, minimum=30),
@@ -119,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_stage(args)
     out = args.out.resolve()
     if args.budget is None:
-        args.budget = 900.0 if args.tiny else 510.0
+        args.budget = 900.0 if args.tiny else 540.0
     names = [s.strip() for s in args.stages.split(",")] if args.stages else [s.name for s in STAGES]
     unknown = [n for n in names if n not in BY_NAME]
     if unknown:
@@ -183,7 +182,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--tiny", action="store_true", help="tiny shapes and durations, on the CPU: tests the harness"
     )
-    p.add_argument("--budget", type=float, help="seconds for all the stages (default 510; --tiny 150)")
+    p.add_argument("--budget", type=float, help="seconds for all the stages (default 540; --tiny 900)")
     p.add_argument("--stages", help=f"comma-separated, in this order: {','.join(BY_NAME)} (default: all)")
     p.add_argument(
         "--data", type=Path, help="the demo's data: a work directory of `nmt preprocess multi30k-en-de`"
@@ -536,7 +535,8 @@ def stage_decode(args: argparse.Namespace, work: Path) -> dict:
     about = (
         f"{m.encoder_layers}+{m.decoder_layers} layers, d_model {m.d_model}, vocabulary {ckpt.vocab_size}, "
         f"{params:,} parameters, random weights; {len(lines)} sentences, beam 4, every output 30 subwords, "
-        f"batch budget {decode.batch_tokens} tokens, {repeats} passes round-robin, {threads} CPU threads"
+        f"batch budget {decode.batch_tokens} tokens, timed passes: {repeats} (round-robin), "
+        f"CPU threads: {threads}"
     )
     return {
         "status": "ok",
@@ -726,7 +726,7 @@ def report_markdown(report: dict) -> str:
             e = stages[name]
             note = "; ".join(filter(None, [e.get("reason"), *e.get("notes", [])]))
             lines.append(f"| {name} | {e['status']} | {e.get('seconds', '')} | {note} |")
-    lines += targets_section(stages)
+    lines += targets_section(stages, report["tiny"])
     lines += tests_section(stages.get("tests"))
     lines += train_section(stages)
     lines += decode_section(stages.get("decode"))
@@ -745,8 +745,8 @@ def figures(stages: dict, name: str) -> dict | None:
     return e["figures"] if e and e.get("status") == "ok" else None
 
 
-def targets_section(stages: dict) -> list[str]:
-    """The issue's targets (on an H100), each with what this run measured."""
+def targets_section(stages: dict, tiny: bool) -> list[str]:
+    """The issue's targets (on an H100), each with what this run measured (--tiny: not comparable)."""
     rows = []
     for size, goal in (("big", 0.45), ("base", 0.30)):
         runs = [f for m in ("compiled", "eager") if (f := figures(stages, f"train-{size}-{m}"))]
@@ -769,7 +769,7 @@ def targets_section(stages: dict) -> list[str]:
     got = f"{ratio[1]:.2f} x {ratio[0]}" if ratio else "not measured"
     rows.append(("nmt bf16 >= 0.7 x CTranslate2 float16", got, met(ratio and ratio[1] >= 0.7)))
     out = ["", "## Targets", "", "| target (H100) | measured | met |", "| --- | --- | --- |"]
-    return out + [f"| {a} | {b} | {c} |" for a, b, c in rows]
+    return out + [f"| {a} | {b} | {'n/a (--tiny)' if tiny else c} |" for a, b, c in rows]
 
 
 def met(ok) -> str:

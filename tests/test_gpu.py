@@ -23,7 +23,7 @@ from rich.console import Console
 
 from nmt.data.binarized import ParallelData
 from nmt.data.loader import Loader, Update, prepare, to_device, update_plan
-from nmt.device import DTYPES
+from nmt.device import DTYPES, resolve_device
 from nmt.model import Transformer
 from nmt.tokens import BOS, EOS, PAD
 from nmt.train.loss import label_smoothed_nll, projected_label_smoothed_nll
@@ -81,7 +81,7 @@ def random_update(device: str, seed: int, sizes=((6, 9, 8), (4, 12, 11))) -> Upd
         targets += int((tgt_out != PAD).sum())
         batches.append((src, tgt_in, tgt_out))
     update = Update(batches, torch.tensor([float(targets)]), targets, 0, 0, 0, 0)
-    return to_device(update, torch.device(device))
+    return to_device(update, resolve_device(device))
 
 
 def tiny_model(device: str, seed: int = 0, dtype: torch.dtype = torch.float32, **overrides) -> Transformer:
@@ -114,7 +114,7 @@ def test_a_bf16_update_gives_the_fp32_loss_and_gradients(device):
     results = {}
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         model = tiny_model(device).train()
-        rt = Runtime(device=torch.device(device), dtype=dtype)
+        rt = Runtime(device=resolve_device(device), dtype=dtype)
         sums = forward_backward(model, model.output_weight, update.batches, norm, 0.1, rt, None)
         results[name] = (sums.cpu(), gradients(model))
     (sums32, grads32), (sums16, grads16) = results["fp32"], results["bf16"]
@@ -207,7 +207,8 @@ def test_the_loader_pins_and_copies_without_blocking(device, reversal):
     cfg = make_config(batch_tokens=256, update_tokens=512)  # two micro-batches an update
     plan = update_plan(data, cfg, 0, 1, 0, 0)
     want = [prepare(data, next(plan), pin=False) for _ in range(3)]
-    with Loader(data, update_plan(data, cfg, 0, 1, 0, 0), torch.device(device)) as loader:
+    # resolve_device: cuda:0, as the trainer passes it; the loader's thread selects the GPU by its index
+    with Loader(data, update_plan(data, cfg, 0, 1, 0, 0), resolve_device(device)) as loader:
         got = [next(loader) for _ in range(3)]
     for a, b in zip(got, want, strict=True):
         assert len(a.batches) == len(b.batches) == 2 and a.targets == b.targets
@@ -222,7 +223,7 @@ def test_the_loader_pins_and_copies_without_blocking(device, reversal):
     host = [t.clone() for b in pinned.batches for t in b]
     cycles = spin_cycles(0.2)
     torch.cuda._sleep(cycles)  # the stream is busy for 0.2 s or more
-    moved = to_device(pinned, torch.device(device))
+    moved = to_device(pinned, resolve_device(device))
     still_busy = not torch.cuda.current_stream().query()
     torch.cuda.synchronize()
     assert still_busy, "to_device waited for the stream: the copies were not asynchronous"
@@ -294,7 +295,7 @@ def test_the_compiled_training_step_equals_eager(device, precision, monkeypatch)
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     torch._dynamo.reset()
     counters.clear()
-    rt = Runtime(device=torch.device(device), dtype=DTYPES[precision])
+    rt = Runtime(device=resolve_device(device), dtype=DTYPES[precision])
     eager = tiny_model(device).train()
     compiled = copy.deepcopy(eager)
     net = compile_for_training(compiled)
@@ -336,7 +337,11 @@ def test_a_checkpoint_trained_on_the_device_translates_the_same_on_the_cpu(devic
 
     workdir = fresh_workdir(tmp_path, reversal)
     cfg = make_config(max_steps=120, save_every=120, device=device, threads=1, peak_lr=0.002)
-    best = train(cfg, workdir, console=Console(quiet=True))
+    threads = torch.get_num_threads()
+    try:
+        best = train(cfg, workdir, console=Console(quiet=True))
+    finally:
+        torch.set_num_threads(threads)  # train() set the process's threads to the recipe's
     lines = (reversal / "valid.xx").read_text().splitlines()[:40]
     quiet = Console(quiet=True)
     on_cpu, _ = load_translator(best, {}, "cpu", "fp32", "torch", quiet)
