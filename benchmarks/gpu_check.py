@@ -30,8 +30,8 @@ what the budget has left after keeping the minimum of the stages after it, which
 skipped when that is below its own minimum; the demo trains for less than 3 minutes when that is all
 the budget leaves, and says so. `--stages` runs chosen stages, to finish the rest in a second command.
 Nothing here needs more than the runtime dependencies: without pytest the tests are skipped, without
-ctranslate2 the CTranslate2 rows, each with the reason; `--wheels DIR` installs wheels carried there
-(pytest, ctranslate2 and their dependencies) into OUT/site-packages first, with pip and no index.
+ctranslate2 the CTranslate2 rows, each with the reason; `--wheels DIR` unpacks wheels carried there
+(pytest, ctranslate2 and their dependencies) into OUT/site-packages, first on the stages' path.
 
 Writes OUT/report.md and OUT/report.json (rewritten after every stage, so a run cut short still leaves
 a report), each stage's log in OUT/logs/ and its work in OUT/work/. `--tiny` shrinks every model,
@@ -155,7 +155,9 @@ def main(argv: list[str] | None = None) -> int:
                 "them kept for the stages after it"
             )
             entry = {"status": "skipped", "reason": f"{why}; run it alone with --stages {name}"}
-        else:
+        else:  # recorded first, so that a run killed from outside leaves a report naming the stage
+            report["stages"][name] = {"status": "running", "cap_s": round(allowed), "started": now()}
+            write_report(out, report)
             entry = run_child(stage, allowed, out, args, env)
         report["stages"][name] = entry
         print(f"{name}: {entry['status']}" + (f" ({entry['reason']})" if entry.get("reason") else ""))
@@ -218,15 +220,23 @@ def child_env(out: Path, args: argparse.Namespace, report: dict) -> dict:
 
 
 def install_wheels(folder: Path, target: Path) -> tuple[Path | None, str]:
-    """Install every wheel in `folder` into `target`, without an index: (target or None, what happened)."""
+    """Unpack every wheel in `folder` into `target`, a folder for the path: (target or None, what happened).
+
+    A wheel is a zip of what goes into site-packages, so unpacking needs neither pip nor an index, and
+    works where pip refuses a system python (PEP 668). Console scripts are not made: none is needed.
+    """
+    import zipfile
+
     wheels = sorted(folder.glob("*.whl"))
     if not wheels:
         return None, f"--wheels {folder}: no .whl files there"
-    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(target)]
-    done = subprocess.run([*cmd, *map(str, wheels)], capture_output=True, text=True)
-    if done.returncode != 0:
-        return None, f"pip could not install {folder}/*.whl: {(done.stderr or done.stdout).strip()[-300:]}"
-    return target, f"installed {', '.join(w.name.split('-')[0] for w in wheels)} from {folder}"
+    try:
+        for wheel in wheels:
+            with zipfile.ZipFile(wheel) as z:
+                z.extractall(target)
+    except (OSError, zipfile.BadZipFile) as e:
+        return None, f"--wheels {folder}: cannot unpack {wheel.name}: {e}"
+    return target, f"unpacked {', '.join(w.name.split('-')[0] for w in wheels)} from {folder}"
 
 
 def run_child(stage: Stage, seconds: float, out: Path, args: argparse.Namespace, env: dict) -> dict:
@@ -238,7 +248,9 @@ def run_child(stage: Stage, seconds: float, out: Path, args: argparse.Namespace,
     cmd += [f"--seconds={seconds:.0f}", f"--demo-minutes={args.demo_minutes}"]
     cmd += ["--tiny"] if args.tiny else []
     cmd += [f"--data={args.data.resolve()}"] if args.data else []
-    cmd += [f"--mirror={args.mirror}"] if args.mirror else []
+    if args.mirror:  # a local folder named relative to where the command was run, or a URL
+        local = Path(args.mirror)
+        cmd.append(f"--mirror={local.resolve() if local.exists() else args.mirror}")
     start = time.monotonic()
     with open(log, "w") as f:
         proc = subprocess.Popen(

@@ -506,3 +506,26 @@ def test_a_stage_gets_its_cap_or_what_the_later_stages_leave():
     assert check.stage_budget(tests, left=1000, later=[demo], tiny=False) == tests.cap
     assert check.stage_budget(tests, left=200, later=[demo], tiny=False) == 200 - demo.minimum
     assert check.stage_budget(tests, left=200, later=[demo], tiny=True) == 200  # --tiny keeps nothing
+
+
+def test_carried_wheels_are_unpacked_onto_the_stages_path(tmp_path):
+    """--wheels: a machine without a package index gets pytest or ctranslate2 from wheels carried along."""
+    import argparse
+    import zipfile
+
+    check = gpu_check()
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    with zipfile.ZipFile(wheels / "carried-1.0-py3-none-any.whl", "w") as z:
+        z.writestr("carried/__init__.py", "VALUE = 42\n")
+        z.writestr("carried-1.0.dist-info/METADATA", "Name: carried\nVersion: 1.0\n")
+    report: dict = {}
+    args = argparse.Namespace(wheels=wheels)
+    env = check.child_env(tmp_path / "out", args, report)
+    assert report["wheels"] == f"unpacked carried from {wheels}"
+    code = "import carried, nmt; print(carried.VALUE)"
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert done.stdout.strip() == "42", done.stderr  # and nmt from the source tree, not from tmp_path
+    empty = tmp_path / "none"
+    empty.mkdir()
+    assert check.install_wheels(empty, tmp_path / "t") == (None, f"--wheels {empty}: no .whl files there")
