@@ -332,6 +332,7 @@ def test_the_compiled_training_step_equals_eager(device, precision, monkeypatch)
 def test_a_checkpoint_trained_on_the_device_translates_the_same_on_the_cpu(device, reversal, tmp_path):
     """`nmt train` on the device (bf16 autocast where the GPU has it, the recipe default), then the
     checkpoint translated in fp32 on the device and on the CPU: the same lines."""
+    from nmt.config import DecodeOverrides
     from nmt.train import train
     from nmt.translate import load_translator
 
@@ -344,8 +345,8 @@ def test_a_checkpoint_trained_on_the_device_translates_the_same_on_the_cpu(devic
         torch.set_num_threads(threads)  # train() set the process's threads to the recipe's
     lines = (reversal / "valid.xx").read_text().splitlines()[:40]
     quiet = Console(quiet=True)
-    on_cpu, _ = load_translator(best, {}, "cpu", "fp32", "torch", quiet)
-    on_device, _ = load_translator(best, {}, device, "fp32", "torch", quiet)
+    on_cpu, _ = load_translator(best, DecodeOverrides(), "cpu", "fp32", "torch", quiet)
+    on_device, _ = load_translator(best, DecodeOverrides(), device, "fp32", "torch", quiet)
     got, want = on_device.translate(lines), on_cpu.translate(lines)
     assert got == want
     # a model that has learned something (ties, where devices could differ, are then rare): words in
