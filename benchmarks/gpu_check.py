@@ -129,7 +129,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for folder in ("logs", "stages"):
         (out / folder).mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
     report = {
         "title": "GPU check" + (" (--tiny: on the CPU, shapes and durations shrunk)" if args.tiny else ""),
         "started": now(),
@@ -140,6 +139,32 @@ def main(argv: list[str] | None = None) -> int:
     }
     env = child_env(out, args, report)
     write_report(out, report)
+    # SIGTERM (a scheduler's time limit) unwinds like Ctrl-C: the running stage's processes are killed
+    # and the report says where the run stopped.
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        run_stages(names, out, args, env, report)
+    except KeyboardInterrupt:
+        running = [n for n, e in report["stages"].items() if e["status"] == "running"]
+        for name in running:
+            report["stages"][name] = {"status": "failed", "reason": "the check was stopped during it"}
+        report["stopped"] = now()
+        write_report(out, report)
+        print(f"stopped; report: {out / 'report.md'}", file=sys.stderr)
+        return 130
+    report["finished"] = now()
+    write_report(out, report)
+    print(f"\n{(out / 'report.md').read_text()}\nreport: {out / 'report.md'}, {out / 'report.json'}")
+    return 0
+
+
+def interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def run_stages(names: list[str], out: Path, args: argparse.Namespace, env: dict, report: dict) -> None:
+    """Each stage in turn, within the budget; the report rewritten after each."""
+    started = time.monotonic()
     no_gpu = None
     for i, name in enumerate(names):
         stage = BY_NAME[name]
@@ -172,10 +197,6 @@ def main(argv: list[str] | None = None) -> int:
             )
         report["seconds"] = round(time.monotonic() - started, 1)
         write_report(out, report)
-    report["finished"] = now()
-    write_report(out, report)
-    print(f"\n{(out / 'report.md').read_text()}\nreport: {out / 'report.md'}, {out / 'report.json'}")
-    return 0
 
 
 def parser() -> argparse.ArgumentParser:
@@ -194,6 +215,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--demo-minutes", type=float, default=DEMO_MINUTES, help="the demo's training time")
     p.add_argument("--wheels", type=Path, help="install these carried wheels (pytest, ctranslate2) first")
+    p.add_argument("--work", type=Path, help="the stages' work, about 1 GB of checkpoints (default OUT/work)")
     p.add_argument("--stage", help=argparse.SUPPRESS)  # in a child: run this one stage
     p.add_argument("--seconds", type=float, default=0.0, help=argparse.SUPPRESS)  # the child's allowance
     return p
@@ -248,6 +270,7 @@ def run_child(stage: Stage, seconds: float, out: Path, args: argparse.Namespace,
     cmd += [f"--seconds={seconds:.0f}", f"--demo-minutes={args.demo_minutes}"]
     cmd += ["--tiny"] if args.tiny else []
     cmd += [f"--data={args.data.resolve()}"] if args.data else []
+    cmd += [f"--work={args.work.resolve()}"] if args.work else []
     if args.mirror:  # a local folder named relative to where the command was run, or a URL
         local = Path(args.mirror)
         cmd.append(f"--mirror={local.resolve() if local.exists() else args.mirror}")
@@ -260,9 +283,11 @@ def run_child(stage: Stage, seconds: float, out: Path, args: argparse.Namespace,
             status = proc.wait(timeout=seconds)
             reason = None if status == 0 else f"exit status {status}"
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
             reason = f"timed out after {seconds:.0f} s (its cap within the budget)"
+        finally:  # on a timeout, and when this process is stopped: nothing may keep the GPU after it
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
     entry = {
         "seconds": round(time.monotonic() - start, 1),
         "cap_s": round(seconds),
@@ -284,7 +309,7 @@ def run_child(stage: Stage, seconds: float, out: Path, args: argparse.Namespace,
 def run_stage(args: argparse.Namespace) -> int:
     """Run one stage and write its result; an exception is a failed stage with its message."""
     out = args.out.resolve()
-    work = out / "work" / args.stage
+    work = (args.work or out / "work").resolve() / args.stage
     work.mkdir(parents=True, exist_ok=True)
     stage = {
         "environment": stage_environment,

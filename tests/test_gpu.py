@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -530,3 +531,42 @@ def test_carried_wheels_are_unpacked_onto_the_stages_path(tmp_path):
     empty = tmp_path / "none"
     empty.mkdir()
     assert check.install_wheels(empty, tmp_path / "t") == (None, f"--wheels {empty}: no .whl files there")
+
+
+def test_a_stopped_check_kills_its_stage_and_says_where_it_stopped(tmp_path):
+    """SIGTERM (a scheduler's limit) to the check: the running stage's processes end with it, exit 130,
+    and the report names the stage it stopped in."""
+    import json
+
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    cmd = [sys.executable, str(root / "benchmarks" / "gpu_check.py"), str(out), "--tiny", "--stages=tests"]
+    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (out / "report.json").exists() or "running" not in (out / "report.json").read_text():
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(0.5)
+    children = [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and is_child_of(p, proc.pid)]
+    assert children  # the stage is running in its own process
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 130
+    assert not any(Path("/proc", pid).exists() and not is_zombie(pid) for pid in children)
+    report = json.loads((out / "report.json").read_text())
+    assert report["stages"]["tests"] == {"status": "failed", "reason": "the check was stopped during it"}
+    assert "stopped" in report and "| tests | failed |" in (out / "report.md").read_text()
+
+
+def is_child_of(proc: Path, parent: int) -> bool:
+    try:
+        return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == parent
+    except (OSError, IndexError, ValueError):
+        return False
+
+
+def is_zombie(pid: str) -> bool:
+    try:
+        return Path("/proc", pid, "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
