@@ -48,6 +48,7 @@ import importlib.util
 import json
 import os
 import platform
+import re
 import shlex
 import shutil
 import signal
@@ -293,9 +294,9 @@ def run_child(stage: Stage, seconds: float, out: Path, args: argparse.Namespace,
         "cap_s": round(seconds),
         "log": f"logs/{log.name}",
     }
-    if reason is None and result.exists():
+    if result.exists():  # also when it failed: what it got done (the tests that ran, say)
         entry.update(json.loads(result.read_text()))
-    else:
+    if reason is not None or not result.exists():
         entry.update(status="failed", reason=reason or "it wrote no result")
     if entry["status"] == "failed":
         entry["log_tail"] = log.read_text(errors="replace").splitlines()[-25:]
@@ -328,8 +329,15 @@ def run_stage(args: argparse.Namespace) -> int:
 
         traceback.print_exc()
         result = {"status": "failed", "reason": f"{type(e).__name__}: {str(e).strip()[:400]}"}
-    (out / "stages" / f"{args.stage}.json").write_text(json.dumps(result, indent=1) + "\n")
+    write_result(args, result)
     return 0
+
+
+def write_result(args: argparse.Namespace, result: dict) -> None:
+    """The stage's result for the parent (also a partial one, while the stage runs)."""
+    path = args.out.resolve() / "stages" / f"{args.stage}.json"
+    path.with_suffix(".part").write_text(json.dumps(result, indent=1) + "\n")
+    path.with_suffix(".part").replace(path)  # never half a file, whenever the stage is killed
 
 
 def device_name(args: argparse.Namespace) -> str:
@@ -404,24 +412,42 @@ def stage_tests(args: argparse.Namespace, work: Path) -> dict:
         }
     xml = work / "junit.xml"
     xml.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "tests", "-q", "-rA", "-p", "no:cacheprovider"]
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "tests", "-v", "-rA", "-p", "no:cacheprovider"]
     cmd += ["--continue-on-collection-errors", f"--junitxml={xml}", f"--basetemp={work / 'tmp'}"]
     print("$", shlex.join(cmd), flush=True)
-    done = subprocess.run(cmd, cwd=ROOT)
+    # The outcomes so far are written as each test ends: a run stopped at its cap still reports them.
+    seen: list[dict] = []
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        ended = VERBOSE_OUTCOME.match(line)
+        if ended:
+            name = ended[1].removeprefix("tests/").replace(".py::", "::", 1)
+            seen.append({"test": name, "outcome": ended[2].lower(), "message": "", "seconds": None})
+            write_result(args, test_result(seen, None, "incomplete: pytest was still running"))
+    status = proc.wait()
     if not xml.exists():
-        return {
-            "status": "failed",
-            "reason": f"pytest exited with status {done.returncode} and wrote no report",
-        }
-    tests = junit_outcomes(xml)
+        return test_result(seen, status, f"pytest exited with status {status} and wrote no report")
+    return test_result(junit_outcomes(xml), status)
+
+
+VERBOSE_OUTCOME = re.compile(r"^(tests/\S+::\S+) (PASSED|FAILED|SKIPPED|ERROR)\b")
+
+
+def test_result(tests: list[dict], exit_status: int | None, problem: str | None = None) -> dict:
     counts = {k: sum(t["outcome"] == k for t in tests) for k in ("passed", "failed", "error", "skipped")}
     counts["errors"] = counts.pop("error")
     bad = counts["failed"] + counts["errors"]
-    status = "failed" if bad or done.returncode not in (0, 5) else "ok"  # 5: nothing was collected
+    ok = not bad and not problem and exit_status in (0, 5)  # 5: nothing was collected
+    reason = problem or (f"{bad} of {len(tests)} tests failed" if bad else None)
+    if not ok and reason is None:
+        reason = f"pytest exited with status {exit_status}"
     return {
-        "status": status,
-        "reason": f"{bad} of {len(tests)} tests failed" if bad else None,
-        "figures": {"counts": counts, "tests": tests, "exit_status": done.returncode},
+        "status": "ok" if ok else "failed",
+        "reason": reason,
+        "figures": {"counts": counts, "tests": tests, "exit_status": exit_status},
     }
 
 

@@ -570,3 +570,29 @@ def is_zombie(pid: str) -> bool:
         return Path("/proc", pid, "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return True
+
+
+def test_the_tests_that_ended_are_kept_when_the_stage_is_cut_short():
+    """The tests stage reads pytest's verbose lines as they come, so a stage stopped at its cap still
+    reports every test that ended before."""
+    check = gpu_check()
+    lines = [
+        "tests/test_gpu.py::test_a[cuda] PASSED                                   [  8%]",
+        "tests/test_gpu.py::test_b[cuda-bf16] FAILED                              [ 16%]",
+        "tests/test_gpu.py::test_c[cuda] SKIPPED (needs a CUDA GPU)               [ 25%]",
+        "E       AssertionError: tests/test_gpu.py::test_a[cuda] PASSED",
+    ]
+    found = [m.groups() for line in lines if (m := check.VERBOSE_OUTCOME.match(line))]
+    assert found == [
+        ("tests/test_gpu.py::test_a[cuda]", "PASSED"),
+        ("tests/test_gpu.py::test_b[cuda-bf16]", "FAILED"),
+        ("tests/test_gpu.py::test_c[cuda]", "SKIPPED"),
+    ]
+    seen = [{"test": t, "outcome": o.lower(), "message": "", "seconds": None} for t, o in found]
+    partial = check.test_result(seen, None, "incomplete: pytest was still running")
+    assert partial["status"] == "failed" and partial["reason"] == "incomplete: pytest was still running"
+    assert partial["figures"]["counts"] == {"passed": 1, "failed": 1, "skipped": 1, "errors": 0}
+    assert check.test_result(seen, 1)["reason"] == "1 of 3 tests failed"
+    whole = check.test_result(seen[::2], 0)
+    assert (whole["status"], whole["reason"]) == ("ok", None)
+    assert whole["figures"]["counts"] == {"passed": 1, "failed": 0, "skipped": 1, "errors": 0}
