@@ -72,7 +72,7 @@ def test_model_flops_equals_torch_count_of_a_real_training_pass():
 
 
 def test_synthetic_lengths_follow_the_length_model():
-    src, tgt = throughput.synthetic_lengths(50_000, throughput.WMT_LENGTHS, seed=3)
+    src, tgt = throughput.WMT_LENGTHS.pairs(50_000, seed=3)
     assert abs(src.double().mean().item() - 27.0) < 1.0
     assert abs((tgt.double().mean() / src.double().mean()).item() - 1.1) < 0.05
     assert int(src.min()) >= 1 and int(tgt.max()) <= 250
