@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,8 +14,6 @@ from nmt.config import ModelConfig
 from nmt.model import Transformer
 from nmt.train.loss import label_smoothed_nll
 
-# The benchmarks are scripts, not a package: import them the way `python benchmarks/x.py` would.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 throughput = importlib.import_module("train_throughput")
 speed = importlib.import_module("train_speed")
 
