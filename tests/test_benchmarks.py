@@ -26,7 +26,7 @@ TINY = [
     "--set=data.vocab_size=100",
     "--set=train.batch_tokens=256",
     "--set=train.update_tokens=512",  # two micro-batches per update
-    "--set=train.compile=false",  # the recipe compiles; a smoke test should not wait for it
+    "--set=train.compile=false",  # explicit: a smoke test should not wait for compilation
     "--updates=2",
     "--warmup-updates=1",
     "--windows=2",
@@ -50,8 +50,14 @@ def test_model_flops_by_hand():
         )
         output = 2 * d * v * t
         flops += 3 * (encoder + decoder + output)
-    assert flops == 3 * (768 + 144 + 640 + 192 + 64 + 96 + 160) + 3 * (256 + 16 + 1280 + 64 + 256 + 64 + 320)
     assert throughput.model_flops(cfg, [3, 1], [2, 4], v) == flops
+    # pair by pair: padding to the longest pair would count (3, 4) and (3, 4)
+    one_by_one = throughput.model_flops(cfg, [3], [2], v) + throughput.model_flops(cfg, [1], [4], v)
+    assert (
+        throughput.model_flops(cfg, [3, 1], [2, 4], v)
+        == one_by_one
+        < throughput.model_flops(cfg, [3, 3], [4, 4], v)
+    )
 
 
 def test_model_flops_equals_torch_count_of_a_real_training_pass():

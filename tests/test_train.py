@@ -109,8 +109,8 @@ def test_a_killed_run_resumes_to_exactly_the_same_parameters(tmp_path, synthetic
 
 
 def test_a_compiled_run_with_dropout_resumes_exactly_on_two_threads(tmp_path, synthetic):
-    """The shipped Multi30k recipe compiles; compiled CPU kernels on several threads used to add in
-    whatever order threads finished, and dropout draws random numbers that a resume must restore."""
+    """train.compile: compiled CPU kernels on several threads used to add in whatever order threads
+    finished, and dropout draws random numbers that a resume must restore."""
     cfg = make_config(max_steps=30, save_every=10, compile=True, threads=2)
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dropout=0.1))
     killed_and_resumed_equals_straight(tmp_path, synthetic, cfg, env={**ENV, "OMP_NUM_THREADS": "2"})
