@@ -36,7 +36,7 @@
              loss only (train.valid_bleu=false): greedy decoding of newstest2013 would take minutes.
              Reports the seconds per update and tokens/s from W/metrics.jsonl, each rank's peak RSS and
              the disk of W/checkpoints. The loader's own throughput comes from
-             benchmarks/loader_speed.py when it exists, else the trainer's tokens/s stand for it.
+             benchmarks/loader_speed.py on the same split.
 4. extrapolation  To WMT14 EN-FR (36M pairs): each step's seconds per pair and the bytes per pair on
              disk, times 36M; peak RSS plus the arrays that grow with the corpus (the writer's offsets,
              8 bytes per pair and side).
@@ -413,7 +413,8 @@ def run_train(
             time.sleep(0.5)
             for pid in children(proc.pid):
                 peaks[pid] = max(peaks.get(pid, 0), rss_now(pid))
-            if kill_after_step is not None and not killed and last_step(metrics) >= kill_after_step:
+            done = max((r["step"] for r in train_records(metrics)), default=0)
+            if kill_after_step is not None and not killed and done >= kill_after_step:
                 # As a scheduler preempting the job would: SIGTERM to the ranks themselves. Sent to
                 # torchrun, it is passed on, but torchrun kills the ranks 30 s later, and a CPU update of
                 # 25000 tokens takes longer than that to finish before the rank can save.
@@ -428,34 +429,23 @@ def run_train(
     return TrainRun(proc.returncode, time.monotonic() - start, ranks, "resuming from" in text.split("$ ")[-1])
 
 
-def last_step(metrics: Path) -> int:
+def train_records(metrics: Path) -> list[dict]:
     try:
         lines = metrics.read_text(encoding="utf-8").splitlines()
     except OSError:
-        return 0
-    steps = [json.loads(line).get("step", 0) for line in lines if line.strip()]
-    return max(steps, default=0)
-
-
-def train_records(metrics: Path) -> list[dict]:
-    if not metrics.exists():
         return []
-    records = [json.loads(line) for line in metrics.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return [r for r in records if r.get("kind") == "train"]
+    return [r for r in map(json.loads, filter(str.strip, lines)) if r.get("kind") == "train"]
 
 
 # ---------------------------------------------------------------------------------------------------------
 # 4. Report
 
 
-def loader_speed(workdir: Path) -> str | None:
-    """The figures of benchmarks/loader_speed.py on the binarized data, when that benchmark exists."""
+def loader_speed(workdir: Path) -> str:
+    """The figures of benchmarks/loader_speed.py on the binarized data."""
     script = Path(__file__).resolve().parent / "loader_speed.py"
-    if not script.exists():
-        return None
-    done = subprocess.run(
-        [sys.executable, str(script), "--data", str(workdir)], capture_output=True, text=True, check=False
-    )
+    argv = [sys.executable, str(script), "--data", str(workdir)]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
     return (done.stdout.strip() or done.stderr.strip()[-2000:]) or f"exit {done.returncode}"
 
 
@@ -557,24 +547,14 @@ def train_part(args, workdir: Path, recipe: Path) -> dict:
         *args.model_set,
         *args.set,
     ]
-    argv = [
-        str(Path(sys.executable).with_name("torchrun")),
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        "-m",
-        "nmt",
-        "train",
-        str(recipe),
-        "--workdir",
-        str(workdir),
-        *(f"--set={o}" for o in overrides),
-    ]
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    argv = [torchrun, *"--standalone --nproc-per-node 2 -m nmt train".split(), str(recipe)]
+    argv += ["--workdir", str(workdir), *(f"--set={o}" for o in overrides)]
     env = dict(os.environ, NMT_CACHE=str(workdir / "cache"), OMP_NUM_THREADS="1")
     log = workdir / "train.log.rehearsal"
     deadline = args.minutes * 60 * 3 + 600
     first = run_train(argv, env, log, kill_after_step=args.kill_after, deadline_s=deadline)
-    steps_first = last_step(workdir / "metrics.jsonl")
+    steps_first = max((r["step"] for r in train_records(workdir / "metrics.jsonl")), default=0)
     # The budget counts the first run's time, validation and saving included: give the resumed run
     # another --minutes, so that it trains some updates whatever the first run spent.
     again = [
@@ -593,26 +573,27 @@ def train_part(args, workdir: Path, recipe: Path) -> dict:
             f"{(mine[-1]['elapsed'] - mine[0]['elapsed']) / (len(mine) - 1):.1f}" if len(mine) > 1 else "-"
         )
         tok = sorted(x["tokens_per_s"] for x in mine[1:])
+        median = f"{tok[len(tok) // 2]:,.0f}" if tok else "-"
+        rss = ", ".join(f"{b / GIB:.2f}" for b in run.rank_peak_rss)
+        resumed = "yes" if run.resumed else "no"
         rows.append(
             [
                 name,
                 f"{run.seconds:,.0f}",
                 str(run.returncode),
-                "yes" if run.resumed else "no",
+                resumed,
                 str(len(mine)),
                 per_update,
-                f"{tok[len(tok) // 2]:,.0f}" if tok else "-",
-                ", ".join(f"{b / GIB:.2f}" for b in run.rank_peak_rss),
+                median,
+                rss,
             ]
         )
-    loader = loader_speed(workdir)
     return {
         "command": "`" + shlex.join(["torchrun", *argv[1:]]) + "`",
         "model": ", ".join(o for o in overrides if o.startswith("model.")) or "the recipe's",
         "rows": rows,
         "checkpoint_bytes": disk_bytes(workdir / "checkpoints"),
-        "loader": loader
-        or "benchmarks/loader_speed.py absent; the trainer's tokens/s above (median after the first update)",
+        "loader": loader_speed(workdir),
         "resumed": second.resumed,
         "first_exit": first.returncode,
     }
@@ -626,19 +607,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--kill-after", type=int, default=2, help="SIGTERM the first training run after this update"
     )
-    p.add_argument(
-        "--model-set",
-        action="append",
-        default=None,
-        help="model overrides for the CPU (repeatable; default: 3+3 layers, d_model 256, d_ff 1024, 4 heads)",
+    model_help = (
+        "model overrides for the CPU (repeatable; default: 3+3 layers, d_model 256, d_ff 1024, 4 heads)"
     )
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a recipe override for every nmt command, e.g. data.vocab_size=500 for a tiny corpus",
-    )
+    p.add_argument("--model-set", action="append", help=model_help)
+    set_help = "a recipe override for every nmt command, e.g. data.vocab_size=500 for a tiny corpus"
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help)
     p.add_argument("--skip-train", action="store_true", help="generate and preprocess only")
     p.add_argument("--keep-corpus", action="store_true", help="reuse the mirror folder if already written")
     p.add_argument("--quiet", action="store_true", help="do not echo the subprocesses' output")
@@ -652,11 +626,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.model_set is None:
         args.model_set = [
-            "model.encoder_layers=3",
-            "model.decoder_layers=3",
-            "model.d_model=256",
-            "model.d_ff=1024",
-            "model.heads=4",
+            f"model.{k}" for k in "encoder_layers=3 decoder_layers=3 d_model=256 d_ff=1024 heads=4".split()
         ]
     work = args.workdir.resolve()
     mirror, run = work / "mirror", work / "run"
