@@ -10,16 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
-import sentencepiece as spm
 import torch
+from common import save_random_model, train_spm
 from typer.testing import CliRunner
 
-from nmt.checkpoint import save_checkpoint
 from nmt.cli import app
 from nmt.config import config_from_dict
-from nmt.data.subword import Subword
-from nmt.model import Transformer
-from nmt.tokens import BOS, EOS, PAD, UNK
 from nmt.translate import Translator, token_batches
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
@@ -45,19 +41,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def checkpoint(tmp_path_factory) -> Path:
     """A tiny random Transformer with a SentencePiece model trained here, saved as `nmt train` would."""
     d = tmp_path_factory.mktemp("model")
-    (d / "text.txt").write_text("\n".join(sentences(3000, 0)) + "\n")
-    spm.SentencePieceTrainer.train(
-        input=str(d / "text.txt"),
-        model_prefix=str(d / "spm"),
-        vocab_size=120,
-        character_coverage=1.0,
-        pad_id=PAD,
-        unk_id=UNK,
-        bos_id=BOS,
-        eos_id=EOS,
-        minloglevel=2,
-    )
-    sub = Subword.load(d / "spm.model")
+    sub = train_spm(sentences(3000, 0), d / "spm", 120, character_coverage=1.0)
     corpus = {"name": "x", "src": {"url": "http://127.0.0.1/x", "sha256": "0" * 64}}
     corpus["tgt"] = corpus["src"]
     cfg = config_from_dict(
@@ -74,13 +58,7 @@ def checkpoint(tmp_path_factory) -> Path:
             "decode": {"beam": 3, "lenpen": 0.6, "max_len_a": 1.0, "max_len_b": 5},
         }
     )
-    torch.manual_seed(0)
-    model = Transformer(cfg.model, sub.vocab_size)
-    path = d / "model.pt"
-    save_checkpoint(
-        path, model_state=model.state_dict(), config=cfg, subword_proto=sub.proto, vocab_size=sub.vocab_size
-    )
-    return path
+    return save_random_model(d / "model.pt", cfg, sub, seed=0)
 
 
 def nmt_translate(*args: str, stdin: bytes) -> subprocess.CompletedProcess:
