@@ -397,10 +397,7 @@ def nccl_version() -> str | None:
 
 
 def machine(device: str) -> str:
-    sys.path.insert(0, str(BENCHMARKS))
-    import results_file
-
-    return results_file.machine_name(device)
+    return import_benchmark("common").machine_name(device)
 
 
 def stage_tests(args: argparse.Namespace, work: Path) -> dict:
@@ -615,60 +612,34 @@ def stage_decode(args: argparse.Namespace, work: Path) -> dict:
 def random_checkpoint(work: Path, recipe: str, overrides: list[str], vocab: int) -> Path:
     """A checkpoint of the recipe's model with random weights and a word-level SentencePiece model of
     `vocab` made-up words (a word model trains in seconds where a 37,000-piece BPE model would not)."""
-    import random
-
-    import sentencepiece as spm
-    import torch
-
-    from nmt.checkpoint import save_checkpoint
     from nmt.config import load_config
-    from nmt.data.subword import Subword
-    from nmt.model import Transformer
-    from nmt.tokens import BOS, EOS, PAD, UNK
 
-    ts = import_benchmark("translate_speed")
+    common = import_benchmark("common")
     cfg = load_config(recipe, [*overrides, f"data.vocab_size={vocab}"])
-    words = ts.made_up_words(random.Random(1), vocab)
-    corpus = work / "spm-train.txt"
-    corpus.write_text("\n".join(" ".join(words[i : i + 20]) for i in range(0, len(words), 20)) + "\n")
-    spm.SentencePieceTrainer.train(
-        input=str(corpus),
-        model_prefix=str(work / "spm"),
+    words = common.make_words("en", vocab, seed=1)
+    subword = common.train_spm(
+        [" ".join(words[i : i + 20]) for i in range(0, len(words), 20)],
+        work / "spm",
+        vocab,
         model_type="word",
-        vocab_size=vocab,
         hard_vocab_limit=False,  # at most `vocab`: four of the words give way to the special ids
-        pad_id=PAD,
-        unk_id=UNK,
-        bos_id=BOS,
-        eos_id=EOS,
-        minloglevel=2,
-    )
-    subword = Subword.load(work / "spm.model")
-    torch.manual_seed(1)
-    model = Transformer(cfg.model, subword.vocab_size)
-    path = work / "random.pt"
-    save_checkpoint(
-        path,
-        model_state=model.state_dict(),
-        config=cfg,
-        subword_proto=subword.proto,
-        vocab_size=subword.vocab_size,
+        max_sentencepiece_length=64,  # no word is left out for its length
     )
     (work / "words.txt").write_text("\n".join(words) + "\n")
-    return path
+    return common.save_random_model(work / "random.pt", cfg, subword)
 
 
 def synthetic_lines(work: Path, n: int) -> list[str]:
-    """n sentences of random_checkpoint's words, Zipf-distributed, with newstest2014's words per sentence."""
-    import itertools
-    import random
+    """n sentences of random_checkpoint's words, Zipf-distributed, with newstest2014's words per sentence
+    (no capitals or full stops, which a word model would take for other words)."""
+    import torch
 
-    ts = import_benchmark("translate_speed")
+    common = import_benchmark("common")
     words = (work / "words.txt").read_text().split()
-    rng = random.Random(2)
-    weights = list(itertools.accumulate(1 / r for r in range(1, len(words) + 1)))
-    lengths = ts.sentence_lengths(rng, n, *ts.NEWSTEST_WORDS)
-    return [" ".join(rng.choices(words, cum_weights=weights, k=k)) for k in lengths]
+    g = torch.Generator().manual_seed(2)
+    lengths = common.NEWSTEST_WORDS.sources(n, g).tolist()
+    ids = iter(common.Zipf(len(words)).draw(sum(lengths), g).tolist())
+    return [" ".join(words[next(ids)] for _ in range(k)) for k in lengths]
 
 
 def demo_data(path: Path) -> Path | None:

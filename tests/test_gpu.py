@@ -377,8 +377,7 @@ def test_a_killed_run_on_the_device_resumes_bit_exact_in_fp32_eager(device, reve
 def gpu_check():
     import importlib
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-    return importlib.import_module("gpu_check")
+    return importlib.import_module("gpu_check")  # benchmarks/ is on the path (tests/__init__.py)
 
 
 def multi30k_like(root: Path) -> Path:
