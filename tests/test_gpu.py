@@ -75,8 +75,8 @@ def random_update(device: str, seed: int, sizes=((6, 9, 8), (4, 12, 11))) -> Upd
             src[r, s - 1 - r // 2 :] = PAD
             tgt[r, t - 1 - r // 2 :] = PAD
         src[torch.arange(rows), (src != PAD).sum(1) - 1] = EOS
+        # y is a row's real tokens but the last: tgt_in = BOS y, tgt_out = y EOS, as collate makes them
         tgt_in = torch.cat([torch.full((rows, 1), BOS), tgt[:, :-1]], 1)
-        tgt_in[tgt_in == EOS] = PAD
         tgt_out = tgt.clone()
         tgt_out[torch.arange(rows), (tgt != PAD).sum(1) - 1] = EOS
         targets += int((tgt_out != PAD).sum())
