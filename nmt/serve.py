@@ -968,6 +968,7 @@ def serve(
         app,
         http=protocol_class(settings),
         lifespan="off",
+        ws="none",  # no websocket routes: an upgrade request is answered as plain HTTP
         log_level="warning",
         access_log=False,
         timeout_keep_alive=int(max(1, settings.keep_alive)),

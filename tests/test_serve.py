@@ -291,35 +291,39 @@ def test_a_full_queue_answers_503_and_a_late_request_504(synthetic_run):
 
 def test_sigterm_answers_in_flight_and_exits_0_whatever_the_clients_do(synthetic_run):
     s = Server(synthetic_run / "checkpoints" / "best.pt", "--batch-wait-ms", "1500")
-    body = json.dumps(libre("a b")).encode()
-    request = b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
-    idle = socket.create_connection(("127.0.0.1", s.port), timeout=30)
-    idle.sendall(request)
-    answer = b""
-    while b'"b a"}' not in answer:  # answered, and the connection stays open
-        answer += idle.recv(65536)
-    stalled = socket.create_connection(("127.0.0.1", s.port), timeout=30)
-    stalled.sendall(b'POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"q": ')
-    slow = []
-    for i in range(200):
-        c = socket.create_connection(("127.0.0.1", s.port), timeout=30)
-        c.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\n" if i % 2 else b"GET /heal")
-        slow.append(c)
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        pending = pool.submit(s.request, "/translate", libre("a b c"))
-        time.sleep(0.5)  # the request waits in the batching window
-        start = time.monotonic()
-        s.proc.send_signal(signal.SIGTERM)
-        assert s.proc.wait(timeout=40) == 0
-        seconds = time.monotonic() - start
-        assert pending.result(timeout=30) == (200, {"translatedText": "c b a"})
-    assert seconds < 30
-    assert idle.recv(65536) == b""  # the idle keep-alive connection was closed, not served on
-    for c in [idle, stalled, *slow]:
-        c.close()
-    s.reader.join(timeout=10)
-    log = "".join(s.log)
-    assert "SIGTERM" in log and "POST /translate 200" in log and "Traceback" not in log
+    try:
+        body = json.dumps(libre("a b")).encode()
+        request = b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        idle = socket.create_connection(("127.0.0.1", s.port), timeout=30)
+        idle.sendall(request)
+        answer = b""
+        while b'"b a"}' not in answer:  # answered, and the connection stays open
+            answer += idle.recv(65536)
+        stalled = socket.create_connection(("127.0.0.1", s.port), timeout=30)
+        stalled.sendall(b'POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"q": ')
+        slow = []
+        for i in range(200):
+            c = socket.create_connection(("127.0.0.1", s.port), timeout=30)
+            c.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\n" if i % 2 else b"GET /heal")
+            slow.append(c)
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pending = pool.submit(s.request, "/translate", libre("a b c"))
+            time.sleep(0.5)  # the request waits in the batching window
+            start = time.monotonic()
+            s.proc.send_signal(signal.SIGTERM)
+            assert s.proc.wait(timeout=40) == 0
+            seconds = time.monotonic() - start
+            assert pending.result(timeout=30) == (200, {"translatedText": "c b a"})
+        assert seconds < 30
+        assert idle.recv(65536) == b""  # the idle keep-alive connection was closed, not served on
+        for c in [idle, stalled, *slow]:
+            c.close()
+        s.reader.join(timeout=10)
+        log = "".join(s.log)
+        assert "SIGTERM" in log and "POST /translate 200" in log and "Traceback" not in log
+    finally:
+        if s.proc.poll() is None:  # a failed assertion must not leave the server running
+            s.proc.kill()
 
 
 def test_slow_clients_are_cut_off_and_leave_no_traceback(synthetic_run):
