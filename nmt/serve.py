@@ -37,7 +37,7 @@ from urllib.parse import parse_qs
 
 from rich.console import Console
 
-from nmt.config import DecodeConfig
+from nmt.config import DecodeConfig, DecodeOverrides
 from nmt.errors import NmtError
 
 LANGUAGE_NAMES = {"en": "English", "de": "German", "fr": "French", "es": "Spanish", "it": "Italian"}
@@ -903,23 +903,6 @@ def server_class():
     return Server
 
 
-def decode_settings(cfg, options: dict) -> DecodeConfig:
-    """The checkpoint's decode section overridden by the command line's options, through the config
-    module's own validation; a message names the option the user typed."""
-    from nmt.config import ConfigError, config_from_dict, config_to_dict
-
-    names = {"beam": "--beam", "lenpen": "--lenpen", "batch_tokens": "--max-batch-tokens"}
-    raw = config_to_dict(cfg)
-    raw["decode"].update(options)
-    try:
-        return config_from_dict(raw, source="nmt serve").decode
-    except ConfigError as e:
-        message = str(e)
-        for key, option in names.items():
-            message = message.replace(f"decode.{key}", option)
-        raise NmtError(message) from None
-
-
 def listen(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -939,7 +922,7 @@ def serve(
     host: str,
     port: int,
     settings: ServeSettings,
-    decode_options: dict,
+    overrides: DecodeOverrides,
     device: str,
     dtype: str,
     console: Console,
@@ -957,7 +940,11 @@ def serve(
     settings.check()
     torch_device = resolve_device(device)
     model, subword, cfg = load_model(Path(model_path), torch_device)  # the checkpoint is read once
-    decode = decode_settings(cfg, {"batch_tokens": settings.max_batch_tokens, **decode_options})
+    overrides = DecodeOverrides(  # the batch budget is a decode setting too, under the server's name
+        {**overrides.values, "batch_tokens": settings.max_batch_tokens},
+        {**overrides.flags, "batch_tokens": "--max-batch-tokens"},
+    )
+    decode = overrides.apply(cfg.decode, "nmt serve")
     translator = Translator(model.to(inference_dtype(dtype, torch_device)), subword, decode, torch_device)
     sock = listen(host, port)
     metrics = Metrics()

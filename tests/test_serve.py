@@ -422,11 +422,10 @@ def test_html_markup_is_kept_and_text_nodes_are_lines():
 
 def serve_once(run: Path, port: int = 0, settings: ServeSettings | None = None, options: dict | None = None):
     from nmt import serve as serve_module
+    from nmt.config import DecodeOverrides
 
-    checkpoint = run / "checkpoints" / "best.pt"
-    serve_module.serve(
-        checkpoint, "127.0.0.1", port, settings or ServeSettings(), options or {}, "cpu", "fp32", None
-    )
+    checkpoint, given = run / "checkpoints" / "best.pt", DecodeOverrides.given(**(options or {}))
+    serve_module.serve(checkpoint, "127.0.0.1", port, settings or ServeSettings(), given, "cpu", "fp32", None)
 
 
 def test_serve_without_its_extra_names_it(monkeypatch, synthetic_run):

@@ -10,16 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
-import sentencepiece as spm
 import torch
+from common import save_random_model, train_spm
 from typer.testing import CliRunner
 
-from nmt.checkpoint import save_checkpoint
 from nmt.cli import app
 from nmt.config import config_from_dict
-from nmt.data.subword import Subword
-from nmt.model import Transformer
-from nmt.tokens import BOS, EOS, PAD, UNK
 from nmt.translate import Translator, token_batches
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
@@ -45,19 +41,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def checkpoint(tmp_path_factory) -> Path:
     """A tiny random Transformer with a SentencePiece model trained here, saved as `nmt train` would."""
     d = tmp_path_factory.mktemp("model")
-    (d / "text.txt").write_text("\n".join(sentences(3000, 0)) + "\n")
-    spm.SentencePieceTrainer.train(
-        input=str(d / "text.txt"),
-        model_prefix=str(d / "spm"),
-        vocab_size=120,
-        character_coverage=1.0,
-        pad_id=PAD,
-        unk_id=UNK,
-        bos_id=BOS,
-        eos_id=EOS,
-        minloglevel=2,
-    )
-    sub = Subword.load(d / "spm.model")
+    sub = train_spm(sentences(3000, 0), d / "spm", 120, character_coverage=1.0)
     corpus = {"name": "x", "src": {"url": "http://127.0.0.1/x", "sha256": "0" * 64}}
     corpus["tgt"] = corpus["src"]
     cfg = config_from_dict(
@@ -74,13 +58,7 @@ def checkpoint(tmp_path_factory) -> Path:
             "decode": {"beam": 3, "lenpen": 0.6, "max_len_a": 1.0, "max_len_b": 5},
         }
     )
-    torch.manual_seed(0)
-    model = Transformer(cfg.model, sub.vocab_size)
-    path = d / "model.pt"
-    save_checkpoint(
-        path, model_state=model.state_dict(), config=cfg, subword_proto=sub.proto, vocab_size=sub.vocab_size
-    )
-    return path
+    return save_random_model(d / "model.pt", cfg, sub, seed=0)
 
 
 def nmt_translate(*args: str, stdin: bytes) -> subprocess.CompletedProcess:
@@ -344,8 +322,35 @@ def test_no_repeat_ngram_size_through_the_command_line(synthetic_run):
 
 
 @pytest.mark.parametrize(
-    "option, value", [("--temperature", "0"), ("--sampling-topp", "1.5"), ("--no-repeat-ngram-size", "-1")]
+    "option, value",
+    [
+        ("--temperature", "0"),
+        ("--sampling-topp", "1.5"),
+        ("--no-repeat-ngram-size", "-1"),
+        ("--max-len-b", "-100"),  # was accepted and gave empty translations
+        ("--max-len-a", "-1"),
+        ("--max-tokens", "0"),  # the option the user typed, not the recipe key it sets (decode.batch_tokens)
+        ("--beam", "0"),
+        ("--min-len", "-1"),
+    ],
 )
 def test_out_of_range_decoding_options_exit_2(checkpoint, option, value):
     result = nmt_translate("-m", str(checkpoint), option, value, stdin=b"a\n")
-    assert result.returncode == 2 and option.encode() in result.stderr
+    assert result.returncode == 2 and result.stdout == b"", result.stderr
+    (message,) = result.stderr.decode().strip().splitlines()  # one line, no traceback
+    assert f"{option}: " in message and f"got {value}" in message, message
+
+
+def test_decode_overrides_follow_the_recipe_rules():
+    from nmt.config import DecodeConfig, DecodeOverrides
+    from nmt.errors import ConfigError
+
+    base = DecodeConfig(beam=4, lenpen=0.6)
+    got = DecodeOverrides.given({"batch_tokens": "--max-tokens"}, beam=8, lenpen=None, batch_tokens=100)
+    assert got.apply(base, "test") == DecodeConfig(beam=8, lenpen=0.6, batch_tokens=100)
+    with pytest.raises(ConfigError, match=r"--nbest: must be between 1 and --beam \(2\), got 3"):
+        DecodeOverrides.given(beam=2, nbest=3).apply(base, "test")
+    with pytest.raises(ConfigError, match="--max-batch-tokens: must be positive"):
+        DecodeOverrides({"batch_tokens": 0}, {"batch_tokens": "--max-batch-tokens"}).apply(base, "test")
+    with pytest.raises(ConfigError, match="--beam: expected int"):  # a request's JSON is not typed by Typer
+        DecodeOverrides.given(beam="four").apply(base, "test")
