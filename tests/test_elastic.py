@@ -126,3 +126,55 @@ def test_a_worker_killed_on_one_of_two_nodes_restarts_and_ends_as_if_uninterrupt
     first = weights(workdir / "checkpoints" / "step-10.pt")
     assert not torch.equal(first["embed.weight"], b["embed.weight"])
     assert load_checkpoint(workdir / "checkpoints" / "last.pt").train_state["run"]["world_size"] == 2
+
+
+START = """
+import sys, torch, torch.distributed as dist
+from nmt.errors import NmtError
+from nmt.train.runtime import Runtime, check_same_start
+rank, port, step = map(int, sys.argv[1:])
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+try:
+    check_same_start(step, Runtime(torch.device("cpu"), torch.float32, rank, 2))
+    print("same")
+except NmtError as e:
+    print(e)
+"""
+
+
+def test_processes_that_would_resume_from_different_steps_stop_with_one_line():
+    """Nodes that do not share the work directory: rank 1 finds no checkpoint, rank 0 one of step 10.
+    (That equal steps pass, every torchrun test shows.)"""
+    steps = (10, 0)
+    port = free_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", START, str(rank), str(port), str(step)],
+            env=ENV,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for rank, step in enumerate(steps)
+    ]
+    try:
+        said = [p.communicate(timeout=120)[0].strip() for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for line in said:  # every process knows, so all leave (and torchrun restarts them, or the job ends)
+        assert "resume from different steps (0 to 10)" in line and "--workdir" in line, line
+
+
+def test_the_log_names_the_restart_and_warns_of_a_launch_that_cannot_recover(monkeypatch):
+    from nmt.train.runtime import elastic_notes
+
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "0")
+    assert elastic_notes() == []
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "3")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")  # torchrun's default
+    restart, warning = elastic_notes()
+    assert restart == "torchrun restart 1 of at most 3 on this node"
+    assert "warning" in warning and "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in warning
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "False")  # what that variable gives the workers
+    assert elastic_notes() == [restart]
