@@ -35,3 +35,11 @@ demo: install
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
+
+# The GPU check (benchmarks/gpu_check.py): the CUDA tests and the GPU figures in one report, at most 9
+# minutes on a GPU. It needs no .venv: a bare CUDA machine runs it from the source tree with python3.
+GPU_CHECK_OUT    ?= runs/gpu-check
+GPU_CHECK_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+.PHONY: gpu-check
+gpu-check:
+	PYTHONPATH=. $(GPU_CHECK_PYTHON) benchmarks/gpu_check.py $(GPU_CHECK_OUT) $(GPU_CHECK_ARGS)
