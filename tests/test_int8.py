@@ -70,3 +70,24 @@ def test_int8_translations_score_as_fp32s(synthetic_run: Path):
     assert bleu_int8 >= bleu_fp32 - 1.0, f"int8 {bleu_int8:.2f} vs fp32 {bleu_fp32:.2f}"
     same = sum(a == b for a, b in zip(int8, fp32, strict=True)) / len(fp32)
     assert same >= 0.9, f"{same:.0%} of lines as fp32's"
+
+
+def test_nmt_serve_loads_int8(synthetic_run: Path):
+    pytest.importorskip("uvicorn", reason="nmt serve needs its extra: pip install 'nmt[serve]'")
+    from .test_serve import Server
+
+    server = Server(synthetic_run / "checkpoints" / "best.pt", "--dtype", "int8", "--device", "cpu")
+    try:
+        assert ", int8, beam" in "".join(server.log)
+        status, body = server.request("/translate", {"q": "a b c", "source": "xx", "target": "yy"})
+        assert (status, body) == (200, {"translatedText": "c b a"})
+    finally:
+        assert server.stop() == 0
+
+
+def test_int8_on_a_gpu_is_refused_in_one_line():
+    from nmt.translate.frontend import inference_model
+
+    model = Transformer(make_config().model, 64)
+    with pytest.raises(NmtError, match="--dtype int8 runs on the CPU"):
+        inference_model(model, "int8", torch.device("cuda"))
