@@ -45,6 +45,16 @@ def test_every_linear_map_and_the_output_projection_are_quantized():
     assert 0 < error < 0.05, f"relative error of the logits {error:.4f}"
 
 
+def test_each_member_of_an_ensemble_is_quantized():
+    from nmt.translate.ensemble import Ensemble
+    from nmt.translate.frontend import inference_model
+
+    members = [Transformer(make_config().model, 64) for _ in range(2)]
+    inference_model(Ensemble(members), "int8", torch.device("cpu"))
+    assert all(isinstance(m.int8_output, Int8Linear) for m in members)
+    assert not any(isinstance(m, nn.Linear) for member in members for m in member.modules())
+
+
 def test_int8_is_refused_off_float32():
     model = Transformer(make_config().model, 64).to(torch.bfloat16)
     with pytest.raises(NmtError, match="int8"):

@@ -249,15 +249,20 @@ def load_translator(
 
 
 def inference_model(model, dtype: str, device: torch.device):
-    """The model in the precision --dtype names: a torch dtype (nmt.device.inference_dtype), or int8
-    weights on the CPU (nmt.translate.int8)."""
-    if dtype.strip().lower() == "int8":
-        if device.type != "cpu":
-            raise NmtError(f"--dtype int8 runs on the CPU, not {device}: add --device cpu")
-        from nmt.translate.int8 import quantize_int8
+    """The model (or each member of an Ensemble) in the precision --dtype names: a torch dtype
+    (nmt.device.inference_dtype), or int8 weights on the CPU (nmt.translate.int8)."""
+    int8 = dtype.strip().lower() == "int8"
+    if int8 and device.type != "cpu":
+        raise NmtError(f"--dtype int8 runs on the CPU, not {device}: add --device cpu")
+    torch_dtype = torch.float32 if int8 else inference_dtype(dtype, device)
+    # An Ensemble keeps its members in a plain list, out of reach of its own .to()
+    for member in getattr(model, "members", [model]):
+        member.to(torch_dtype)
+        if int8:
+            from nmt.translate.int8 import quantize_int8
 
-        return quantize_int8(model.float())
-    return model.to(inference_dtype(dtype, device))
+            quantize_int8(member)
+    return model
 
 
 def translate_stream(
