@@ -108,7 +108,8 @@ class LineTranslator:
         for i, ids in zip(todo, self.subword.encode([lines[i] for i in todo]), strict=True):
             if i in cut or len(ids) > self.max_source:
                 size = f"over {self.max_chars:,} characters" if i in cut else f"{len(ids)} subwords"
-                self.warn(f"line {first_line + i}: {size}, truncated to the model's {self.max_source}")
+                limit = f"the model's {self.max_source} subwords"
+                self.warn(f"line {first_line + i}: {size}, truncated to {limit}")
                 ids = ids[: self.max_source]
             if ids:  # a line of characters the subword model drops entirely translates to nothing
                 sources[i] = ids
