@@ -73,7 +73,7 @@ def verify_checkpoint(path: Path) -> None:
     except OSError as e:
         raise CheckpointError(f"{path}: cannot read: {e.strerror or e}") from None
     if damaged is not None:
-        raise CheckpointError(f"{path}: damaged checkpoint ({damaged} does not match its checksum)")
+        raise CheckpointError(f"{path}: damaged checkpoint: {damaged} does not match its checksum")
 
 
 def load_checkpoint(path: Path) -> Checkpoint:
@@ -123,8 +123,8 @@ def load_checkpoint(path: Path) -> Checkpoint:
     proto = subword.numpy().tobytes()
     try:
         pieces = Subword(proto).vocab_size
-    except DataError as e:
-        raise CheckpointError(f"{path}: field subword: {e}") from None
+    except DataError:  # SentencePiece's own message is a C++ source location
+        raise CheckpointError(f"{path}: field subword: not a loadable SentencePiece model") from None
     field("subword", pieces == vocab_size, f"{pieces} subwords, but vocab_size says {vocab_size}")
     train_state = payload.get("train_state")
     field("train_state", train_state is None or isinstance(train_state, dict), "not a mapping")
