@@ -135,6 +135,43 @@ class Config:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 
 
+@dataclass(frozen=True)
+class DecodeOverrides:
+    """Decode settings given on a command line (or in a request), to apply over a model's own.
+
+    A model's decode section comes with its checkpoint, so options can only be applied once it is read:
+    `apply` checks them by the same rules as a recipe's decode section, and an error names the option as
+    the user typed it (`flags`: field -> option; by default `--field-name`).
+    """
+
+    values: dict[str, Any] = field(default_factory=dict)  # by DecodeConfig field; only those given
+    flags: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def given(cls, flags: dict[str, str] | None = None, **values: Any) -> DecodeOverrides:
+        """The options that were given (not None), e.g. `DecodeOverrides.given(beam=beam, lenpen=None)`."""
+        return cls({k: v for k, v in values.items() if v is not None}, dict(flags or {}))
+
+    def flag(self, name: str) -> str:
+        return self.flags.get(name, "--" + name.replace("_", "-"))
+
+    def apply(self, base: DecodeConfig, source: str) -> DecodeConfig:
+        hints = typing.get_type_hints(DecodeConfig)
+        values = {}
+        for name, value in self.values.items():
+            if name not in hints:
+                raise ConfigError(f"{source}: unknown decode setting {self.flag(name)}")
+            values[name] = _coerce(hints[name], value, source, self.flag(name))
+        decode = dataclasses.replace(base, **values)
+
+        def need(ok: bool, name: str, why: str) -> None:
+            if not ok:
+                raise ConfigError(f"{source}: {self.flag(name)}: {why}")
+
+        _check_decode(decode, need, self.flag)
+        return decode
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Loading
 
@@ -324,9 +361,7 @@ def _check(cfg: Config, source: str) -> None:
         "train.device",
         f"{t.device!r} is not auto, cpu, cuda or cuda:N",
     )
-    problem = decode_problem(d)
-    if problem is not None:
-        need(False, f"decode.{problem[0]}", problem[1])
+    _check_decode(d, lambda ok, name, why: need(ok, f"decode.{name}", why), lambda name: f"decode.{name}")
     for key in ("lr_scale", "adam_eps"):
         need(getattr(t, key) > 0, f"train.{key}", "must be positive")
     for key in ("adam_beta1", "adam_beta2"):
@@ -354,29 +389,33 @@ def _check(cfg: Config, source: str) -> None:
             )
 
 
-def decode_problem(d: DecodeConfig) -> tuple[str, str] | None:
-    """The first decode setting out of range, as (field, why); None when all are fine.
-
-    One set of rules for a recipe's decode section and for the options of `nmt translate`/`nmt serve`.
-    """
-    rules = (
-        ("beam", d.beam >= 1, "must be at least 1"),
-        (
-            "nbest",
-            d.nbest >= 1 and (d.sampling or d.nbest <= d.beam),
-            "must be between 1 and decode.beam (--beam)",
-        ),
-        ("lenpen", math.isfinite(d.lenpen), "must be a finite number"),
-        ("max_len_a", math.isfinite(d.max_len_a) and d.max_len_a >= 0, "must be 0 or more"),
-        ("max_len_b", d.max_len_b >= 0, "must be 0 or more"),
-        ("min_len", d.min_len >= 0, "must be 0 or more"),
-        ("batch_tokens", d.batch_tokens > 0, "must be positive"),
-        ("no_repeat_ngram_size", d.no_repeat_ngram_size >= 0, "must be 0 or more"),
-        ("sampling_topk", d.sampling_topk >= 0, "must be 0 (no cut) or more"),
-        ("sampling_topp", 0.0 < d.sampling_topp <= 1.0, "must be in (0, 1]"),
-        ("temperature", math.isfinite(d.temperature) and d.temperature > 0, "must be positive"),
+def _check_decode(d: DecodeConfig, need, key) -> None:
+    """The decode rules, for a recipe and for options given on a command line alike; `key` names a field."""
+    need(d.beam >= 1, "beam", f"must be at least 1, got {d.beam}")
+    need(
+        d.nbest >= 1 and (d.sampling or d.nbest <= d.beam),
+        "nbest",
+        f"must be between 1 and {key('beam')} ({d.beam}), got {d.nbest}",
     )
-    return next(((key, why) for key, ok, why in rules if not ok), None)
+    need(math.isfinite(d.lenpen), "lenpen", f"must be a finite number, got {d.lenpen}")
+    need(
+        math.isfinite(d.max_len_a) and d.max_len_a >= 0, "max_len_a", f"must be 0 or more, got {d.max_len_a}"
+    )
+    need(d.max_len_b >= 0, "max_len_b", f"must be 0 or more, got {d.max_len_b}")
+    need(d.min_len >= 0, "min_len", f"must be 0 or more, got {d.min_len}")
+    need(d.batch_tokens > 0, "batch_tokens", f"must be positive, got {d.batch_tokens}")
+    need(
+        d.no_repeat_ngram_size >= 0,
+        "no_repeat_ngram_size",
+        f"must be 0 or more, got {d.no_repeat_ngram_size}",
+    )
+    need(d.sampling_topk >= 0, "sampling_topk", f"must be 0 (no cut) or more, got {d.sampling_topk}")
+    need(0.0 < d.sampling_topp <= 1.0, "sampling_topp", f"must be in (0, 1], got {d.sampling_topp}")
+    need(
+        math.isfinite(d.temperature) and d.temperature > 0,
+        "temperature",
+        f"must be positive, got {d.temperature}",
+    )
 
 
 def _join(prefix: str, key: Any) -> str:
