@@ -7,7 +7,6 @@ cleaned text, so no Moses tokenizer is needed; ids 0-3 are reserved for pad, unk
 from __future__ import annotations
 
 import io
-import os
 import random
 from pathlib import Path
 
@@ -49,7 +48,8 @@ def train_subword(text_files: list[Path], out_prefix: Path, data: DataConfig) ->
     run would train on remapped ids. Given the same lines, SentencePiece's training is deterministic.
     The lines are handed over in memory and the model comes back as bytes: SentencePiece records its
     input and output paths in the model it writes, and a model that carries the work directory's path
-    would differ between two work directories (and tell every reader of a checkpoint where it was made).
+    would differ between two work directories (and tell every reader of a checkpoint where it was made);
+    nothing of the machine is recorded either, so the same lines and settings give the same bytes.
     The files are written atomically, the model last, so an interrupted run never leaves a .model that
     looks finished.
     """
@@ -70,7 +70,8 @@ def train_subword(text_files: list[Path], out_prefix: Path, data: DataConfig) ->
             bos_id=BOS,
             eos_id=EOS,
             shuffle_input_sentence=False,
-            num_threads=os.cpu_count() or 1,
+            # num_threads is left at SentencePiece's default (16): a value set here is recorded in the
+            # model, so the machine's core count would make the same vocabulary differ in its bytes.
             minloglevel=2,
         )
     except RuntimeError as e:
