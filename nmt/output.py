@@ -61,7 +61,11 @@ def output_stream(path: Path | None) -> Iterator[BinaryIO]:
         yield stdout()
         return
     path = Path(path)
-    if path.exists() and not path.is_file():
+    if path.is_dir():
+        raise NmtError(f"{path}: is a directory; -o names the file to write")
+    # /dev/stdout, /dev/full, /proc/self/fd/N, a FIFO: written in place. Renaming a file over them would
+    # replace the device or the link itself (/dev/stdout is a link to wherever fd 1 points).
+    if path.absolute().parts[1:2] in (("dev",), ("proc",)) or (path.exists() and not path.is_file()):
         try:
             f = open(path, "wb")
         except OSError as e:
@@ -69,6 +73,7 @@ def output_stream(path: Path | None) -> Iterator[BinaryIO]:
         with f:
             yield f
         return
+    path = Path(os.path.realpath(path))  # through a link to its file, so the link stays a link
     try:
         writer = atomic_write(path)
         f = writer.__enter__()

@@ -138,6 +138,18 @@ def test_o_writes_the_whole_output_atomically(made, tmp_path):
     assert len(out.read_text().split("\n")) == 4 and out.read_text().split("\n")[1] == ""
 
 
+def test_o_through_a_link_writes_the_file_and_keeps_the_link(made, tmp_path):
+    target, link = tmp_path / "real.de", tmp_path / "link.de"
+    target.write_text("old\n")
+    link.symlink_to(target)
+    result = cli("translate", "-m", str(made["path"]), "-o", str(link), stdin=b"a b\n")
+    assert result.returncode == 0, result.stderr
+    assert link.is_symlink() and target.read_text() != "old\n" and len(target.read_text().split("\n")) == 2
+    result = cli("translate", "-m", str(made["path"]), "-o", str(tmp_path), stdin=b"a b\n")
+    assert result.returncode == 2
+    one_error_line(result.stderr, "is a directory")
+
+
 # ---- 2. checkpoint integrity ------------------------------------------------------------------------
 
 
