@@ -128,6 +128,8 @@ def load_checkpoint(path: Path) -> Checkpoint:
     field("subword", pieces == vocab_size, f"{pieces} subwords, but vocab_size says {vocab_size}")
     train_state = payload.get("train_state")
     field("train_state", train_state is None or isinstance(train_state, dict), "not a mapping")
+    for key in ("progress", "optimizer", "rng") if train_state is not None else ():
+        field(f"train_state.{key}", isinstance(train_state.get(key), dict), "missing or not a mapping")
     return Checkpoint(
         config=config,
         vocab_size=vocab_size,
@@ -146,7 +148,8 @@ def load_model(path: Path, device: str | torch.device = "cpu"):
     try:
         model.load_state_dict(ckpt.model_state)
     except RuntimeError as e:
-        raise CheckpointError(f"{path}: weights do not fit the model it describes ({str(e)[:160]})") from None
+        why = " ".join(str(e).split())[:160]  # torch's message spans lines: the error is one
+        raise CheckpointError(f"{path}: weights do not fit the model it describes ({why})") from None
     return model.to(device).eval(), Subword(ckpt.subword_proto), ckpt.config
 
 

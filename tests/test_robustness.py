@@ -257,10 +257,16 @@ def set_nan(p: dict) -> None:
     p["model"][name].view(-1)[0] = float("nan")
 
 
+def wrong_shape(p: dict) -> None:
+    name = next(k for k, v in p["model"].items() if v.dim() == 2)
+    p["model"][name] = torch.zeros(3, 3)
+
+
 @pytest.mark.parametrize(
     "change, field",
     [
         (set_nan, "model."),
+        (wrong_shape, "weights do not fit"),
         (lambda p: p.pop("vocab_size"), "vocab_size"),
         (lambda p: p.update(vocab_size="twenty"), "vocab_size"),
         (lambda p: p.update(config=[1, 2]), "config"),
@@ -273,6 +279,7 @@ def set_nan(p: dict) -> None:
         ),
         (lambda p: p.update(subword=torch.zeros(3)), "subword"),
         (lambda p: p.update(train_state="yes"), "train_state"),
+        (lambda p: p.update(train_state={"progress": {}}), "train_state.optimizer"),
     ],
 )
 def test_loading_validates_each_field_with_one_line(made, tmp_path, change, field):
