@@ -24,6 +24,7 @@ from nmt.config import DecodeConfig, DecodeOverrides
 from nmt.device import inference_dtype, resolve_device
 from nmt.errors import NmtError
 from nmt.output import output_stream, refuse_input_as_output, stdout, write_failed
+from nmt.progress import Progress, count_lines
 from nmt.translate.torch_engine import TorchEngine
 
 CHUNK_LINES = 2000  # lines read, sorted and batched together; their translations are flushed together
@@ -327,6 +328,7 @@ def translate_stream(
     interactive = interactive or (input is None and sys.stdin.isatty())
     max_bytes = 4 * translator.max_chars + 4  # UTF-8: enough bytes for the characters kept, no more read
     start, done = time.perf_counter(), 0
+    progress = translation_progress(input, output, interactive, console)
     try:
         with output_stream(output) as sink:
             for chunk in read_chunks(source, 1 if interactive else CHUNK_LINES, max_bytes):
@@ -342,18 +344,29 @@ def translate_stream(
                 sink.write(format_lines(results, done, scored=scored or decode.nbest > 1))
                 sink.flush()
                 done += len(chunk)
+                progress.advance(len(chunk))
     except OSError as e:  # the results' destination failed: a full disk, a reader gone (`| head`)
         problem = write_failed(e, str(output) if output is not None else "standard output")
         if problem is None:
             raise  # the command line's boundary ends quietly
         raise problem from None
     finally:
+        progress.close()
         for stream in (source, prefixes):
             if stream is not None and stream is not sys.stdin.buffer:
                 stream.close()
     if not interactive:
         seconds = time.perf_counter() - start
         console.print(f"translated {done} lines in {seconds:.1f} s ({done / max(seconds, 1e-9):.1f} lines/s)")
+
+
+def translation_progress(input: Path | None, output: Path | None, interactive: bool, console) -> Progress:
+    """Lines done of the input file's total (of an unknown total from a pipe), on stderr. None when
+    answering line by line, or when the translations go to the terminal the bar would be drawn on."""
+    if interactive or (output is None and sys.stdout.isatty() and console.is_terminal):
+        return Progress(None, "")
+    total = count_lines(input) if input is not None and input.is_file() else None
+    return Progress(console, f"translate {input.name if input is not None else 'stdin'}", total)
 
 
 def read_line(stream: BinaryIO, path: Path, number: int, max_bytes: int | None = None) -> bytes:
