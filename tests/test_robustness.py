@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from common import train_spm
 from typer.testing import CliRunner
 
 from nmt.checkpoint import load_checkpoint, save_checkpoint
@@ -181,7 +182,10 @@ def test_average_accepts_only_checkpoints_of_one_model(made, tmp_path):
     other_model = Transformer(other_cfg.model, VOCAB)
     nan_state = {k: v.clone() for k, v in made["state"].items()}
     nan_state[next(k for k, v in nan_state.items() if v.is_floating_point())].view(-1)[0] = float("nan")
-    other_vocab = make_subword_other(tmp_path / "other-spm")
+    # The same number of pieces, other ones: a model of another language pair.
+    letters = "qrstuvwxyzäöüßéè"
+    lines = [" ".join(letters[(i * 7 + j) % 16] for j in range(8)) for i in range(500)]
+    other_vocab = train_spm(lines, tmp_path / "other" / "spm", VOCAB, model_type="word").proto
     cases = {
         "config": save(tmp_path / "config.pt", other_model.state_dict(), other_cfg, made["subword"].proto),
         "vocabulary": save(tmp_path / "vocab.pt", made["state"], made["cfg"], other_vocab),
@@ -194,30 +198,6 @@ def test_average_accepts_only_checkpoints_of_one_model(made, tmp_path):
         assert result.exit_code == 2, (name, result.output)
         one_error_line(result.stderr, path.name)
     assert not (tmp_path / "a.pt").exists()
-
-
-def make_subword_other(directory: Path) -> bytes:
-    """A SentencePiece model with the same number of pieces but other ones (another language pair)."""
-    import sentencepiece as spm
-
-    from nmt.tokens import BOS, EOS, PAD, UNK
-
-    directory.mkdir(parents=True)
-    letters = "qrstuvwxyzäöüßéè"
-    text = "\n".join(" ".join(letters[(i * 7 + j) % 16] for j in range(8)) for i in range(500))
-    model = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(text.split("\n")),
-        model_writer=model,
-        model_type="word",
-        vocab_size=20,
-        pad_id=PAD,
-        unk_id=UNK,
-        bos_id=BOS,
-        eos_id=EOS,
-        minloglevel=2,
-    )
-    return model.getvalue()
 
 
 def test_average_refuses_other_shapes_with_one_line(made, tmp_path):
