@@ -106,6 +106,7 @@ for i, wps in enumerate([100, 900, 1000, 1100, 1000, 1000, 1000, 1000]):
 """
 
 
+@pytest.mark.slow
 @pytest.mark.multi30k
 def test_train_speed_runs_fairseq_and_nmt_one_after_the_other(tmp_path, capsys, multi30k_mirror):
     from nmt.config import load_config
