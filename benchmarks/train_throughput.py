@@ -42,13 +42,13 @@ from common import GIB, MULTI30K_LENGTHS, RESULTS, WMT_LENGTHS, LengthModel, Syn
 from torch import Tensor
 
 from nmt.config import Config, ModelConfig, load_config
-from nmt.data.loader import Loader, Update, accumulation, prepare, to_device, update_plan
+from nmt.data.loader import Loader, Update, batch_plan, prepare, to_device, update_plan
 from nmt.errors import NmtError
 from nmt.model import Transformer, count_parameters
 from nmt.tokens import PAD
-from nmt.train.optim import build_optimizer, cooldown_factor, inverse_sqrt_lr, lr_scale
+from nmt.train.optim import build_optimizer, learning_rate
 from nmt.train.runtime import Runtime, compile_for_training, setup_runtime
-from nmt.train.update import train_step
+from nmt.train.update import Learner, train_step
 
 SECTION = "## Training throughput"
 
@@ -164,18 +164,15 @@ class Trainer:
         self.model = Transformer(cfg.model, cfg.data.vocab_size).to(rt.device)
         self.optimizer = build_optimizer(self.model.parameters(), cfg.train)
         self.scaler = torch.amp.GradScaler("cuda") if rt.dtype == torch.float16 else None
-        self.net = compile_for_training(self.model) if cfg.train.compile else self.model
-        self.scale = lr_scale(cfg.model, cfg.train)
+        net = compile_for_training(self.model) if cfg.train.compile else self.model
+        self.learner = Learner(net, self.model, self.optimizer, self.scaler, cfg.train, rt)
         self.step = 0
         self.model.train()
 
     def update(self, update: Update) -> None:
-        t = self.cfg.train
-        lr = inverse_sqrt_lr(self.step + 1, self.cfg.model.d_model, t.warmup, self.scale)
-        lr *= cooldown_factor(self.step / t.max_steps, t.cooldown)
-        net, model, opt, scaler = self.net, self.model, self.optimizer, self.scaler
-        train_step(net, model, opt, scaler, update, lr, t.label_smoothing, t.clip_norm, self.rt)
         self.step += 1
+        used = (self.step - 1) / self.cfg.train.max_steps  # a step budget, as the loop's budget_used
+        train_step(self.learner, update, learning_rate(self.step, used, self.cfg.model, self.cfg.train))
 
 
 def measure(
@@ -197,7 +194,7 @@ def measure(
     if rt.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(rt.device)
     trainer = Trainer(cfg, rt)
-    accum = accumulation(cfg, rt.world_size)
+    accum = batch_plan(cfg, rt.world_size).accumulation
     plan = update_plan(data, cfg, rt.rank, rt.world_size, 0, 0)
 
     # Batches of the warm-up and timed updates, collated and on the device before the clock starts.

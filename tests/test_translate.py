@@ -322,8 +322,35 @@ def test_no_repeat_ngram_size_through_the_command_line(synthetic_run):
 
 
 @pytest.mark.parametrize(
-    "option, value", [("--temperature", "0"), ("--sampling-topp", "1.5"), ("--no-repeat-ngram-size", "-1")]
+    "option, value",
+    [
+        ("--temperature", "0"),
+        ("--sampling-topp", "1.5"),
+        ("--no-repeat-ngram-size", "-1"),
+        ("--max-len-b", "-100"),  # was accepted and gave empty translations
+        ("--max-len-a", "-1"),
+        ("--max-tokens", "0"),  # the option the user typed, not the recipe key it sets (decode.batch_tokens)
+        ("--beam", "0"),
+        ("--min-len", "-1"),
+    ],
 )
 def test_out_of_range_decoding_options_exit_2(checkpoint, option, value):
     result = nmt_translate("-m", str(checkpoint), option, value, stdin=b"a\n")
-    assert result.returncode == 2 and option.encode() in result.stderr
+    assert result.returncode == 2 and result.stdout == b"", result.stderr
+    (message,) = result.stderr.decode().strip().splitlines()  # one line, no traceback
+    assert f"{option}: " in message and f"got {value}" in message, message
+
+
+def test_decode_overrides_follow_the_recipe_rules():
+    from nmt.config import DecodeConfig, DecodeOverrides
+    from nmt.errors import ConfigError
+
+    base = DecodeConfig(beam=4, lenpen=0.6)
+    got = DecodeOverrides.given({"batch_tokens": "--max-tokens"}, beam=8, lenpen=None, batch_tokens=100)
+    assert got.apply(base, "test") == DecodeConfig(beam=8, lenpen=0.6, batch_tokens=100)
+    with pytest.raises(ConfigError, match=r"--nbest: must be between 1 and --beam \(2\), got 3"):
+        DecodeOverrides.given(beam=2, nbest=3).apply(base, "test")
+    with pytest.raises(ConfigError, match="--max-batch-tokens: must be positive"):
+        DecodeOverrides({"batch_tokens": 0}, {"batch_tokens": "--max-batch-tokens"}).apply(base, "test")
+    with pytest.raises(ConfigError, match="--beam: expected int"):  # a request's JSON is not typed by Typer
+        DecodeOverrides.given(beam="four").apply(base, "test")
