@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib
 import json
+import statistics
+from collections import Counter
 
 import pytest
 import torch
@@ -14,6 +16,7 @@ from nmt.config import ModelConfig
 from nmt.model import Transformer
 from nmt.train.loss import label_smoothed_nll
 
+common = importlib.import_module("common")
 throughput = importlib.import_module("train_throughput")
 speed = importlib.import_module("train_speed")
 
@@ -78,6 +81,16 @@ def test_synthetic_lengths_follow_the_length_model():
     assert abs(src.double().mean().item() - 27.0) < 1.0
     assert abs((tgt.double().mean() / src.double().mean()).item() - 1.1) < 0.05
     assert int(src.min()) >= 1 and int(tgt.max()) <= 250
+
+
+def test_synthetic_text_has_newstest_lengths_and_zipf_frequencies():
+    lines = common.SyntheticText(seed=5).lines(5000, common.NEWSTEST_WORDS)
+    words = [len(line.split()) for line in lines]
+    assert abs(statistics.mean(words) - 25) < 1.5 and abs(statistics.stdev(words) - 14) < 2.5
+    assert min(words) >= 1 and max(words) <= 120
+    counts = Counter(w.lower().rstrip(".") for line in lines for w in line.split()).most_common(3)
+    assert 1.7 < counts[0][1] / counts[1][1] < 2.3  # p(rank r) ~ 1 / r: the first twice the second
+    assert 1.3 < counts[1][1] / counts[2][1] < 1.7
 
 
 def test_train_throughput_figures_are_sane(capsys):
