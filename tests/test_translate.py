@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import select
 import subprocess
 import sys
@@ -354,3 +355,36 @@ def test_decode_overrides_follow_the_recipe_rules():
         DecodeOverrides({"batch_tokens": 0}, {"batch_tokens": "--max-batch-tokens"}).apply(base, "test")
     with pytest.raises(ConfigError, match="--beam: expected int"):  # a request's JSON is not typed by Typer
         DecodeOverrides.given(beam="four").apply(base, "test")
+
+
+def test_translating_a_file_into_a_log_prints_lines_done_of_the_total_on_stderr_only(checkpoint, tmp_path):
+    source = tmp_path / "big.en"
+    source.write_text("\n".join(sentences(2500, 7)) + "\n")
+    cmd = [sys.executable, "-m", "nmt", "translate", "-m", str(checkpoint), "-i", str(source), "--beam", "1"]
+    done = subprocess.run(cmd, capture_output=True, env={**ENV, "NMT_PROGRESS_EVERY": "0"}, timeout=120)
+    assert done.returncode == 0, done.stderr.decode()
+    assert len(out_lines(done.stdout)) == 2500 and b"lines/s" not in done.stdout  # translations only
+    err = done.stderr.decode()
+    assert re.search(
+        r"translate big.en: 2,000 of 2,500 lines \(80%\), [\d,]+ lines/s, ETA \d:\d\d:\d\d", err
+    ), err
+    assert "translate big.en: 2,500 of 2,500 lines (100%)" in err, err
+
+
+def test_translating_a_file_on_a_terminal_draws_a_bar_on_stderr(checkpoint, tmp_path, capfdbinary):
+    import io
+
+    from rich.console import Console
+
+    from nmt.config import DecodeOverrides
+    from nmt.translate.frontend import translate_stream
+
+    source, target = tmp_path / "small.en", tmp_path / "small.de"
+    source.write_text("\n".join(sentences(30, 8)) + "\n")
+    screen = io.StringIO()
+    console = Console(file=screen, force_terminal=True, width=120)
+    translate_stream(checkpoint, source, target, DecodeOverrides.given(beam=1), "cpu", "fp32", False, console)
+    drawn = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.getvalue())
+    assert "translate small.en" in drawn and "30/30" in drawn and "lines/s" in drawn, drawn
+    assert len(target.read_text().splitlines()) == 30
+    assert capfdbinary.readouterr().out == b""

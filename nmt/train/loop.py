@@ -26,7 +26,7 @@ from nmt.model import Transformer, count_parameters
 from nmt.train.monitor import MetricsLog, ProgressDisplay, TrainMeter
 from nmt.train.optim import build_optimizer, learning_rate
 from nmt.train.resume import disk_line, resume, run_facts, save_training_checkpoint
-from nmt.train.runtime import compile_for_training, setup_runtime
+from nmt.train.runtime import check_same_start, compile_for_training, elastic_notes, setup_runtime
 from nmt.train.stopping import StopRequest, agree_to_stop, broadcast_stop, budget_used, finished
 from nmt.train.update import Learner, train_step
 from nmt.train.validate import validate
@@ -46,8 +46,9 @@ def train(cfg: Config, workdir: Path, console: Console | None = None) -> Path:
     optimizer = build_optimizer(model.parameters(), cfg.train)
     scaler = torch.amp.GradScaler("cuda") if rt.dtype == torch.float16 else None
     prog = resume(ckpt_dir, model, optimizer, scaler, cfg, data, rt, log)
+    check_same_start(prog.step, rt)
     facts = run_facts(data, rt)
-    for line in [*summary_lines(cfg, model, rt.world_size), rt.describe(cfg)]:
+    for line in [*summary_lines(cfg, model, rt.world_size), rt.describe(cfg), *elastic_notes()]:
         log.print(line, highlight=False)
     stop_reason = finished(prog, cfg)
     if stop_reason:

@@ -23,6 +23,7 @@ from rich.console import Console
 from nmt.config import DecodeConfig, DecodeOverrides
 from nmt.device import inference_dtype, resolve_device
 from nmt.errors import NmtError
+from nmt.progress import Progress, count_lines
 from nmt.translate.torch_engine import TorchEngine
 
 CHUNK_LINES = 2000  # lines read, sorted and batched together; their translations are flushed together
@@ -76,7 +77,6 @@ class LineTranslator:
         `first_line` numbers the lines in warnings (a stream passes the line number of lines[0]).
         `prefixes`, one per line ("" for none), are target text each translation must begin with.
         """
-        results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in lines]
         todo = [i for i, line in enumerate(lines) if line.strip()]
         sources: dict[int, list[int]] = {}
         for i, ids in zip(todo, self.subword.encode([lines[i] for i in todo]), strict=True):
@@ -92,6 +92,17 @@ class LineTranslator:
             keys = [i for i in sources if prefixes[i].strip()]
             for i, ids in zip(keys, self.subword.encode([prefixes[i] for i in keys]), strict=True):
                 forced[i] = ids[: self.max_source]
+        return self.search_sources(len(lines), sources, forced)
+
+    def search_sources(
+        self, count: int, sources: dict[int, list[int]], forced: dict[int, list[int]] | None = None
+    ) -> list[list[tuple[str, float]]]:
+        """The n-best of `count` lines whose subword ids (truncated, non-empty) are `sources[i]`.
+
+        Lines missing from `sources` (blank ones) give [("", 0.0)]. The server encodes in its request
+        handlers and calls this from its model worker.
+        """
+        results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in range(count)]
         keys = list(sources)
         d = self.decode
         rows_per_sentence = d.nbest if d.sampling else d.beam  # decoder rows each sentence takes
@@ -259,6 +270,7 @@ def translate_stream(
     interactive = interactive or (input is None and sys.stdin.isatty())
     sink = open_output(output)
     start, done = time.perf_counter(), 0
+    progress = translation_progress(input, output, interactive, console)
     try:
         for chunk in read_chunks(source, 1 if interactive else CHUNK_LINES):
             lines = decode_chunk(chunk, done + 1, console)
@@ -271,10 +283,12 @@ def translate_stream(
             sink.write(format_lines(results, done, scored=scored or decode.nbest > 1))
             sink.flush()
             done += len(chunk)
+            progress.advance(len(chunk))
     except BrokenPipeError:  # `nmt translate ... | head`: the reader is gone, nothing left to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush cannot fail
         return
     finally:
+        progress.close()
         for stream in (source, prefixes):
             if stream is not None and stream is not sys.stdin.buffer:
                 stream.close()
@@ -283,6 +297,15 @@ def translate_stream(
     if not interactive:
         seconds = time.perf_counter() - start
         console.print(f"translated {done} lines in {seconds:.1f} s ({done / max(seconds, 1e-9):.1f} lines/s)")
+
+
+def translation_progress(input: Path | None, output: Path | None, interactive: bool, console) -> Progress:
+    """Lines done of the input file's total (of an unknown total from a pipe), on stderr. None when
+    answering line by line, or when the translations go to the terminal the bar would be drawn on."""
+    if interactive or (output is None and sys.stdout.isatty() and console.is_terminal):
+        return Progress(None, "")
+    total = count_lines(input) if input is not None and input.is_file() else None
+    return Progress(console, f"translate {input.name if input is not None else 'stdin'}", total)
 
 
 def read_line(stream: BinaryIO, path: Path, number: int) -> bytes:
