@@ -60,7 +60,6 @@ def fresh_workdir(tmp_path: Path, data: Path, name: str = "run") -> Path:
     return workdir
 
 
-@pytest.mark.slow
 def test_the_reversal_task_is_learned(synthetic_run):
     """The session's shared model (450 updates, well under a minute on 2 cores) reverses sequences."""
     model, _, _ = load_model(synthetic_run / "checkpoints" / "best.pt")

@@ -99,7 +99,6 @@ class LineTranslator:
         `first_line` numbers the lines in warnings (a stream passes the line number of lines[0]).
         `prefixes`, one per line ("" for none), are target text each translation must begin with.
         """
-        results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in lines]
         cut = {i for i, line in enumerate(lines) if len(line) > self.max_chars}
         lines = [cut_line(line, self.max_chars) if i in cut else line for i, line in enumerate(lines)]
         lines = self.clean(lines, first_line)
@@ -118,6 +117,17 @@ class LineTranslator:
             keys = [i for i in sources if prefixes[i].strip()]
             for i, ids in zip(keys, self.subword.encode([prefixes[i] for i in keys]), strict=True):
                 forced[i] = ids[: self.max_source]
+        return self.search_sources(len(lines), sources, forced)
+
+    def search_sources(
+        self, count: int, sources: dict[int, list[int]], forced: dict[int, list[int]] | None = None
+    ) -> list[list[tuple[str, float]]]:
+        """The n-best of `count` lines whose subword ids (truncated, non-empty) are `sources[i]`.
+
+        Lines missing from `sources` (blank ones) give [("", 0.0)]. The server encodes in its request
+        handlers and calls this from its model worker.
+        """
+        results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in range(count)]
         keys = list(sources)
         d = self.decode
         rows_per_sentence = d.nbest if d.sampling else d.beam  # decoder rows each sentence takes
