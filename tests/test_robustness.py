@@ -416,6 +416,14 @@ def test_serve_refuses_an_impossible_port_in_one_line(made):
     one_error_line(result.stderr, "--port 70000")
 
 
+def test_serve_refuses_to_start_on_non_finite_weights(made, tmp_path):
+    pytest.importorskip("uvicorn", reason="nmt serve needs its extra: pip install 'nmt[serve]'")
+    path = rewrite(made["path"], tmp_path / "nan.pt", set_nan)
+    result = CliRunner().invoke(app, ["serve", "-m", str(path), "--port", "0"])
+    assert result.exit_code == 2  # before listening: no server that would answer every request 500
+    one_error_line(result.stderr, "nan.pt", "NaN")
+
+
 def test_long_warnings_are_one_line_when_stderr_is_a_file(made):
     stdin = b"\n" * 1000 + b"".join(b"bad \xff utf-8\n" for _ in range(15))  # lines 1001 to 1015
     result = run("translate", "-m", str(made["path"]), stdin=stdin)
