@@ -49,6 +49,12 @@ class Commands(TyperGroup):
                 raise typer.Exit(128 + signal.SIGPIPE) from None
             err.print(f"[bold red]error:[/] {escape(str(problem))}", highlight=False)
             raise typer.Exit(problem.exit_code) from None
+        except KeyboardInterrupt:
+            # Ctrl-C outside training (which saves and raises Interrupted): one line and 128 + SIGINT, as
+            # a shell reports it, rather than click's "Aborted!" and status 1. Outputs are atomic, so
+            # nothing half-written was left behind.
+            err.print("[yellow]interrupted[/]", highlight=False)
+            raise typer.Exit(128 + signal.SIGINT) from None
         except Interrupted as e:  # not a mistake: the work was saved and the same command continues it
             err.print(f"[yellow]{escape(str(e))}[/]", highlight=False, soft_wrap=True)
             raise typer.Exit(e.exit_code) from None
