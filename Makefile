@@ -8,7 +8,7 @@ TORCH  ?= torch==2.13.0
 NMT_DATA_MIRROR ?=
 export NMT_DATA_MIRROR
 
-.PHONY: install test lint format demo clean
+.PHONY: install test test-fast lint format demo clean
 
 install: $(VENV)/.installed
 
@@ -28,6 +28,10 @@ format: install
 
 test: lint
 	$(BIN)/python -m pytest
+
+# The inner loop: every test but those marked slow (multi-minute trainings); about 3 minutes on 2 cores.
+test-fast: install
+	$(BIN)/python -m pytest -m "not slow"
 
 # The whole pipeline on Multi30k EN-DE on the CPU: fetch, preprocess, train, average, translate, score.
 demo: install

@@ -8,6 +8,9 @@ red line and exit status 2 here, at the single boundary in `Commands.invoke`.
 
 from __future__ import annotations
 
+import errno
+import signal
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -17,8 +20,13 @@ from rich.markup import escape
 from typer.core import TyperGroup
 
 from nmt.errors import Interrupted, NmtError
+from nmt.output import write_failed
 
-err = Console(stderr=True)
+OUTPUT_ERRNOS = (errno.EPIPE, errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EBADF)
+
+# soft_wrap: a message is one line however wide, so a log file or `grep` gets it whole (Rich would
+# otherwise wrap at 80 columns whenever stderr is not a terminal).
+err = Console(stderr=True, soft_wrap=True)
 
 
 class Commands(TyperGroup):
@@ -26,7 +34,27 @@ class Commands(TyperGroup):
 
     def invoke(self, ctx):
         try:
-            return super().invoke(ctx)
+            result = super().invoke(ctx)
+            if sys.stdout is not None:
+                sys.stdout.flush()  # here, so a full disk is reported in one line, not by the interpreter
+            return result
+        except OSError as e:
+            # Results that could not be written: a reader gone (`| head -n 1`) ends quietly, as a Unix
+            # tool killed by SIGPIPE (status 141); a full disk or a closed stdout is one line, exit 1.
+            # Other OSErrors are bugs or files a command should have named: they keep their traceback.
+            if e.errno not in OUTPUT_ERRNOS:
+                raise
+            problem = write_failed(e)
+            if problem is None:
+                raise typer.Exit(128 + signal.SIGPIPE) from None
+            err.print(f"[bold red]error:[/] {escape(str(problem))}", highlight=False)
+            raise typer.Exit(problem.exit_code) from None
+        except KeyboardInterrupt:
+            # Ctrl-C outside training (which saves and raises Interrupted): one line and 128 + SIGINT, as
+            # a shell reports it, rather than click's "Aborted!" and status 1. Outputs are atomic, so
+            # nothing half-written was left behind.
+            err.print("[yellow]interrupted[/]", highlight=False)
+            raise typer.Exit(128 + signal.SIGINT) from None
         except Interrupted as e:  # not a mistake: the work was saved and the same command continues it
             err.print(f"[yellow]{escape(str(e))}[/]", highlight=False, soft_wrap=True)
             raise typer.Exit(e.exit_code) from None
@@ -351,6 +379,8 @@ def serve(
     from nmt.serve import ServeSettings
     from nmt.serve import serve as run_serve
 
+    if not 0 <= port <= 65535:
+        raise NmtError(f"--port {port}: must be between 0 and 65535")
     settings = ServeSettings(
         max_batch_tokens=max_batch_tokens, batch_wait_ms=batch_wait_ms, max_chars=max_chars,
         max_queue=max_queue, timeout=timeout, read_timeout=read_timeout, keep_alive=keep_alive,
