@@ -74,6 +74,10 @@ class ModelConfig:
     activation_dropout: float = 0.0  # not in the paper; dropout after the FFN's ReLU
     norm: Literal["post", "pre"] = "post"  # post: LayerNorm(x + Sublayer(x)) as in the paper (3.1)
     max_positions: int = 1024
+    # Not in the paper; what pretrained MarianMT/OPUS-MT models need (nmt import): the FFN's
+    # non-linearity (swish = x * sigmoid(x)) and a fixed bias added to the output logits.
+    activation: Literal["relu", "swish"] = "relu"
+    output_bias: bool = False
 
 
 @dataclass(frozen=True)
@@ -188,9 +192,11 @@ def apply_override(raw: dict, item: str) -> None:
         node[parts[-1]] = value
 
 
-def config_from_dict(raw: dict, source: str = "config") -> Config:
+def config_from_dict(raw: dict, source: str = "config", corpora: bool = True) -> Config:
+    """`corpora=False` for a model's own config (a checkpoint), which may name no training corpora: an
+    imported pretrained model has none."""
     cfg = _build(Config, raw, source, "")
-    _check(cfg, source)
+    _check(cfg, source, corpora)
     return cfg
 
 
@@ -263,7 +269,7 @@ def _coerce(tp: Any, value: Any, source: str, dotted: str) -> Any:
     raise ConfigError(f"{source}: {dotted}: expected {_type_name(tp)}, got {_describe(value)}")
 
 
-def _check(cfg: Config, source: str) -> None:
+def _check(cfg: Config, source: str, corpora: bool = True) -> None:
     """Combinations that no single type can rule out."""
     m, t, d, data = cfg.model, cfg.train, cfg.decode, cfg.data
 
@@ -304,8 +310,8 @@ def _check(cfg: Config, source: str) -> None:
     need(d.min_len >= 0, "decode.min_len", "must be 0 or more")
     need(data.vocab_size >= 16, "data.vocab_size", "must be at least 16")
     need(data.src_lang != data.tgt_lang, "data.tgt_lang", "must differ from data.src_lang")
-    need(len(data.train) > 0, "data.train", "names no corpus")
-    need(len(data.valid) > 0, "data.valid", "names no corpus")
+    need(len(data.train) > 0 or not corpora, "data.train", "names no corpus")
+    need(len(data.valid) > 0 or not corpora, "data.valid", "names no corpus")
     for section in ("train", "valid", "test"):
         for i, c in enumerate(getattr(data, section)):
             pair = c.src is not None and c.tgt is not None
