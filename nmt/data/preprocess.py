@@ -196,7 +196,9 @@ def _encoded(sub: Subword, src: Path, tgt: Path) -> Iterator[tuple[list[int], li
     """Subword ids of aligned files, encoded in chunks so SentencePiece can batch (and thread) them."""
     pairs = read_pairs(src, tgt)
     while chunk := list(itertools.islice(pairs, ENCODE_CHUNK)):
-        yield from zip(sub.encode([s for s, _ in chunk]), sub.encode([t for _, t in chunk]), strict=True)
+        yield from zip(
+            sub.encode([s for s, _ in chunk]), sub.encode_target([t for _, t in chunk]), strict=True
+        )
 
 
 def _write_pairs(prefix: Path, pairs: Iterator[tuple[list[int], list[int]]], vocab_size: int) -> int:
