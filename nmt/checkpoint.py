@@ -71,7 +71,7 @@ def load_checkpoint(path: Path) -> Checkpoint:
     if payload.get("version") != VERSION:
         raise CheckpointError(f"{path}: checkpoint format version {payload.get('version')} is not supported")
     try:
-        config = config_from_dict(payload["config"], source=str(path))
+        config = config_from_dict(payload["config"], source=str(path), corpora=False)
     except ConfigError as e:
         raise CheckpointError(str(e)) from None
     return Checkpoint(

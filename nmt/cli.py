@@ -160,7 +160,10 @@ def average(
 def export(
     model: Annotated[Path, typer.Option("--model", "-m", help="Checkpoint from nmt train or nmt average.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Model folder to write.")],
-    fmt: Annotated[str, typer.Option("--format", help="Target engine: ctranslate2.")] = "ctranslate2",
+    fmt: Annotated[
+        str,
+        typer.Option("--format", help="ctranslate2, or huggingface (a MarianMT folder for transformers)."),
+    ] = "ctranslate2",
     force: Annotated[bool, typer.Option("--force", help="Replace an earlier export in --output.")] = False,
 ) -> None:
     """Convert a checkpoint for another inference engine (CTranslate2: pip install 'nmt\\[ctranslate2]').
@@ -168,10 +171,34 @@ def export(
     [bold]Examples[/]
       nmt export -m runs/multi30k-en-de/checkpoints/average.pt --format ctranslate2 -o ct2-en-de
       nmt translate --engine ctranslate2 -m ct2-en-de -i in.en > out.de
+      nmt export -m average.pt --format huggingface -o hf-en-de   # MarianMTModel.from_pretrained("hf-en-de")
     """
     from nmt.translate.export import export as run_export
 
     err.print(f"exported {model} to {run_export(model, output, fmt, force=force)}")
+
+
+@app.command(name="import")
+def import_model(
+    folder: Annotated[Path, typer.Argument(help="A MarianMT model folder (config.json, vocab.json, ...).")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="The nmt checkpoint to write.")],
+    src_lang: Annotated[
+        str | None, typer.Option(help="Source language, when tokenizer_config.json does not name it.")
+    ] = None,
+    tgt_lang: Annotated[
+        str | None, typer.Option(help="Target language, when tokenizer_config.json does not name it.")
+    ] = None,
+) -> None:
+    """Import a Hugging Face MarianMT (OPUS-MT) model folder as an nmt checkpoint; needs no transformers.
+
+    [bold]Examples[/]
+      huggingface-cli download Helsinki-NLP/opus-mt-en-de --local-dir opus-mt-en-de
+      nmt import opus-mt-en-de -o opus-mt-en-de.pt
+      echo "A man rides a bike." | nmt translate -m opus-mt-en-de.pt
+    """
+    from nmt.huggingface import import_marian
+
+    err.print(f"imported {folder} as {import_marian(folder, output, src_lang, tgt_lang)}")
 
 
 @app.command()

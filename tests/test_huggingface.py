@@ -1,0 +1,228 @@
+"""MarianMT folders in and out (`nmt import`, `nmt export --format huggingface`), with transformers as
+the oracle: its own classes build and train the tiny models imported here, and load what nmt exports.
+
+Parity is asserted on what the two implementations must share: teacher-forced logits (fp32, tight
+tolerance) and greedy translations token for token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from pathlib import Path
+
+import pytest
+import sentencepiece as spm
+import torch
+from typer.testing import CliRunner
+
+from nmt.checkpoint import load_checkpoint, load_model
+from nmt.cli import app
+from nmt.huggingface import ABSENT_LOGIT
+from nmt.tokens import BOS, EOS, PAD
+from nmt.translate import Translator
+
+transformers = pytest.importorskip(
+    "transformers", reason="transformers is the oracle: pip install -e '.[dev]'"
+)
+runner = CliRunner()
+
+SRC_WORDS = "abcdefgh"
+
+
+
+def source_sentence(rng: random.Random) -> str:
+    return " ".join(rng.choice(SRC_WORDS) + rng.choice(SRC_WORDS) for _ in range(rng.randint(2, 7)))
+
+
+def target_of(line: str) -> str:
+    """The task: each word in the target alphabet (so source and target subwords differ)."""
+    return line.upper()
+
+
+def train_spm(lines: list[str], prefix: Path, vocab_size: int) -> Path:
+    text = prefix.with_suffix(".txt")
+    text.write_text("\n".join(lines) + "\n")
+    spm.SentencePieceTrainer.train(
+        input=str(text), model_prefix=str(prefix), vocab_size=vocab_size, model_type="unigram", minloglevel=2
+    )
+    return Path(f"{prefix}.model")
+
+
+def marian_folder(directory: Path, activation: str, seed: int, weights: str = "safetensors") -> Path:
+    """An OPUS-MT-shaped folder made by transformers itself: </s> 0, <unk> 1, pieces, <pad> last (also
+    the decoder's start token), separate source and target SentencePiece models over one vocab.json, a
+    non-zero final_logits_bias, trained a few dozen steps on the task so that outputs vary and end."""
+    from transformers import MarianConfig, MarianMTModel
+
+    rng = random.Random(seed)
+    src = [source_sentence(rng) for _ in range(3000)]
+    tgt = [target_of(s) for s in src]
+    folder = directory / f"marian-{activation}"
+    folder.mkdir(parents=True)
+    source_spm = train_spm(src, directory / f"src-{activation}", 76)
+    target_spm = train_spm(tgt, directory / f"tgt-{activation}", 76)
+    pieces = ["</s>", "<unk>"]
+    for path in (source_spm, target_spm):
+        sp = spm.SentencePieceProcessor(model_file=str(path))
+        pieces += [p for p in (sp.id_to_piece(i) for i in range(sp.get_piece_size())) if p not in pieces]
+    pieces = [p for p in pieces if p not in ("<s>", "<pad>")] + ["<pad>"]
+    vocab = {p: i for i, p in enumerate(pieces)}
+    pad = vocab["<pad>"]
+    config = MarianConfig(
+        vocab_size=len(pieces),
+        decoder_vocab_size=len(pieces),
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        max_position_embeddings=64,
+        activation_function=activation,
+        dropout=0.0,
+        scale_embedding=True,
+        pad_token_id=pad,
+        eos_token_id=0,
+        forced_eos_token_id=0,
+        decoder_start_token_id=pad,
+    )
+    torch.manual_seed(seed)
+    model = MarianMTModel(config)
+    with torch.no_grad():
+        model.final_logits_bias.normal_(0.0, 0.5)
+
+    def ids(line: str, sp: spm.SentencePieceProcessor) -> list[int]:
+        return [vocab.get(p, 1) for p in sp.encode(line, out_type=str)] + [0]
+
+    sps = [spm.SentencePieceProcessor(model_file=str(p)) for p in (source_spm, target_spm)]
+    pairs = [(ids(s, sps[0]), ids(t, sps[1])) for s, t in zip(src, tgt, strict=True)]
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.005)
+    model.train()
+    for step in range(250):
+        batch = pairs[step * 20 % 2980 :][:20]
+        x = torch.nn.utils.rnn.pad_sequence([torch.tensor(s) for s, _ in batch], True, pad)
+        y = torch.nn.utils.rnn.pad_sequence([torch.tensor(t) for _, t in batch], True, -100)
+        loss = model(input_ids=x, attention_mask=(x != pad).long(), labels=y).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    model.eval()
+    model.save_pretrained(folder)
+    if weights == "bin":  # the older uploads' layout, read weights-only
+        (folder / "model.safetensors").unlink()
+        torch.save(model.state_dict(), folder / "pytorch_model.bin")
+    (folder / "vocab.json").write_text(json.dumps(vocab))
+    (folder / "source.spm").write_bytes(source_spm.read_bytes())
+    (folder / "target.spm").write_bytes(target_spm.read_bytes())
+    (folder / "tokenizer_config.json").write_text(json.dumps({"source_lang": "xx", "target_lang": "yy"}))
+    return folder
+
+
+@pytest.fixture(scope="module", params=[("swish", "safetensors"), ("relu", "bin")], ids=["swish", "relu"])
+def imported(request, tmp_path_factory, one_torch_thread):
+    """(MarianMT folder, its nmt checkpoint made by `nmt import`, source lines)."""
+    activation, weights = request.param
+    directory = tmp_path_factory.mktemp(f"hf-{activation}")
+    folder = marian_folder(directory, activation, seed=len(activation), weights=weights)
+    out = directory / "imported.pt"
+    result = runner.invoke(app, ["import", str(folder), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    rng = random.Random(99)
+    return folder, out, [source_sentence(rng) for _ in range(40)]
+
+
+def hf_model(folder: Path):
+    from transformers import MarianMTModel
+
+    model, info = MarianMTModel.from_pretrained(folder, output_loading_info=True)
+    return model.eval(), info
+
+
+def test_import_keeps_the_model_and_maps_the_vocabulary(imported):
+    folder, path, _ = imported
+    ckpt = load_checkpoint(path)
+    hf = json.loads((folder / "config.json").read_text())
+    m = ckpt.config.model
+    assert (m.d_model, m.encoder_layers, m.d_ff, m.heads, m.norm) == (32, 2, 64, 4, "post")
+    assert m.activation == hf["activation_function"] and m.output_bias
+    assert ckpt.vocab_size == hf["vocab_size"] + 1  # the start token kept, padding a row of its own
+    assert ckpt.model_state["output_bias"][PAD] == ABSENT_LOGIT
+    assert ckpt.model_state["embed.weight"][PAD].abs().max() == 0
+    assert (ckpt.config.data.src_lang, ckpt.config.data.tgt_lang) == ("xx", "yy")
+
+
+def test_imported_logits_equal_transformers(imported):
+    folder, path, lines = imported
+    theirs, _ = hf_model(folder)
+    ours, subword, _ = load_model(path)
+    vocab = json.loads((folder / "vocab.json").read_text())
+    pieces = subword.pieces()
+    # nmt id -> MarianMT id of the same token (BOS is MarianMT's start token, its <pad>)
+    to_hf = torch.tensor([vocab.get(p, vocab["<pad>"]) for p in pieces])
+    to_hf[BOS] = theirs.config.decoder_start_token_id
+    src = [ids + [EOS] for ids in subword.encode(lines[:8])]
+    tgt = [[BOS] + ids for ids in subword.encode_target([target_of(s) for s in lines[:8]])]
+    width_s, width_t = max(map(len, src)), max(map(len, tgt))
+    x = torch.tensor([s + [PAD] * (width_s - len(s)) for s in src])
+    y = torch.tensor([t + [PAD] * (width_t - len(t)) for t in tgt])
+    with torch.no_grad():
+        got = ours(x, y)[:, :, PAD + 1 :]  # (B, T, V) without the new padding column
+        want = theirs(
+            input_ids=to_hf[x], attention_mask=(x != PAD).long(), decoder_input_ids=to_hf[y]
+        ).logits[:, :, to_hf[PAD + 1 :]]
+    real = (y != PAD)[:, :, None].expand_as(got)
+    diff = (got - want).abs()[real].max().item()
+    assert diff < 1e-4, diff
+    # the new padding column takes no probability: log-softmax is unchanged too
+    lp_ours = torch.log_softmax(ours(x, y), -1)[:, :, PAD + 1 :]
+    lp_theirs = torch.log_softmax(want, -1)
+    assert (lp_ours - lp_theirs).abs()[real].max().item() < 1e-4
+
+
+def test_imported_greedy_translations_equal_transformers(imported):
+    folder, path, lines = imported
+    theirs, _ = hf_model(folder)
+    model, subword, cfg = load_model(path)
+    decode = dataclasses.replace(cfg.decode, beam=1, max_len_a=0.0, max_len_b=30, min_len=1)
+    ours = Translator(model, subword, decode, torch.device("cpu")).engine.search(subword.encode(lines))
+    vocab = json.loads((folder / "vocab.json").read_text())
+    hf_ids = [
+        [vocab.get(p, vocab["<unk>"]) for p in spm_pieces] for spm_pieces in _source_pieces(folder, lines)
+    ]
+    pieces = subword.pieces()
+    same = 0
+    ended = 0
+    for line_ids, hyp in zip(hf_ids, ours, strict=True):
+        x = torch.tensor([line_ids + [theirs.config.eos_token_id]])
+        out = theirs.generate(
+            x, num_beams=1, do_sample=False, max_new_tokens=31, min_new_tokens=1,
+            bad_words_ids=[[theirs.config.pad_token_id]],
+        )[0, 1:].tolist()  # fmt: skip
+        ended += out[-1] == theirs.config.eos_token_id and len(out) < 31  # ended before the limit
+        text = [list(vocab)[i] for i in out if i != theirs.config.eos_token_id]
+        same += text == [pieces[i] for i in hyp[0].tokens]
+    assert same == len(lines), f"{same} of {len(lines)} greedy translations identical"
+    assert ended >= len(lines) * 3 // 4  # most end by themselves, before the length limit
+    assert len({tuple(h[0].tokens) for h in ours}) > len(lines) // 2  # outputs vary with the input
+
+
+def _source_pieces(folder: Path, lines: list[str]) -> list[list[str]]:
+    sp = spm.SentencePieceProcessor(model_file=str(folder / "source.spm"))
+    return [sp.encode(line, out_type=str) for line in lines]
+
+
+def test_imported_tokenization_equals_marian_tokenizer(imported):
+    from transformers import MarianTokenizer
+
+    folder, path, lines = imported
+    tok = MarianTokenizer.from_pretrained(folder)
+    _, subword, _ = load_model(path)
+    pieces = subword.pieces()
+    vocab = json.loads((folder / "vocab.json").read_text())
+    inverse = {i: p for p, i in vocab.items()}
+    for line in lines[:10] + ["zz unknown ☃ chars"]:
+        theirs = [inverse[i] for i in tok(line)["input_ids"]]
+        assert [pieces[i] for i in subword.encode([line])[0]] + ["</s>"] == theirs
