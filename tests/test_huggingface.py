@@ -31,7 +31,6 @@ runner = CliRunner()
 SRC_WORDS = "abcdefgh"
 
 
-
 def source_sentence(rng: random.Random) -> str:
     return " ".join(rng.choice(SRC_WORDS) + rng.choice(SRC_WORDS) for _ in range(rng.randint(2, 7)))
 
@@ -226,3 +225,137 @@ def test_imported_tokenization_equals_marian_tokenizer(imported):
     for line in lines[:10] + ["zz unknown ☃ chars"]:
         theirs = [inverse[i] for i in tok(line)["input_ids"]]
         assert [pieces[i] for i in subword.encode([line])[0]] + ["</s>"] == theirs
+
+
+# ---- nmt -> MarianMT ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def exported(synthetic_run: Path, tmp_path_factory) -> Path:
+    """The shared fixture's reversal model (post-norm, trained), exported through the command line."""
+    out = tmp_path_factory.mktemp("hf-export") / "marian"
+    model = synthetic_run / "checkpoints" / "best.pt"
+    result = runner.invoke(app, ["export", "-m", str(model), "--format", "huggingface", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_export_loads_in_transformers_without_missing_or_unexpected_weights(exported: Path):
+    from transformers import MarianTokenizer
+
+    model, info = hf_model(exported)
+    assert info["missing_keys"] == set() or not info["missing_keys"]
+    assert not info["unexpected_keys"] and not info["mismatched_keys"], info
+    assert model.config.decoder_start_token_id == BOS and model.config.pad_token_id == PAD
+    gen = json.loads((exported / "generation_config.json").read_text())
+    assert (gen["num_beams"], gen["length_penalty"]) == (4, 0.6)  # the recipe's decode section
+    tok = MarianTokenizer.from_pretrained(exported)
+    assert tok.eos_token_id == EOS and tok.pad_token_id == PAD
+    assert (exported / "model.safetensors").is_file()
+
+
+def test_exported_logits_and_greedy_translations_equal_nmt(exported: Path, synthetic_run: Path):
+    theirs, _ = hf_model(exported)
+    model, subword, cfg = load_model(synthetic_run / "checkpoints" / "best.pt")
+    lines = (synthetic_run / "data" / "valid.xx").read_text().splitlines()[:40]
+    src = [ids + [EOS] for ids in subword.encode(lines)]
+    width = max(map(len, src))
+    x = torch.tensor([s + [PAD] * (width - len(s)) for s in src])
+    tgt = [[BOS] + ids for ids in subword.encode_target([" ".join(reversed(s.split())) for s in lines])]
+    y = torch.tensor([t + [PAD] * (max(map(len, tgt)) - len(t)) for t in tgt])
+    with torch.no_grad():
+        got = model(x, y)
+        want = theirs(input_ids=x, attention_mask=(x != PAD).long(), decoder_input_ids=y).logits
+    assert (got - want).abs()[(y != PAD)].max().item() < 1e-4
+
+    decode = dataclasses.replace(cfg.decode, beam=1, max_len_a=0.0, max_len_b=50)
+    ours = Translator(model, subword, decode, torch.device("cpu")).engine.search(subword.encode(lines))
+    with torch.no_grad():
+        out = theirs.generate(x, attention_mask=(x != PAD).long(), num_beams=1, max_new_tokens=51)
+    hf = [[t for t in row[1:] if t not in (PAD, EOS)] for row in out.tolist()]
+    assert [h[0].tokens for h in ours] == hf
+    assert len({tuple(t) for t in hf}) > len(lines) // 2
+
+
+def test_export_import_round_trip_keeps_weights_and_translations(exported: Path, synthetic_run, tmp_path):
+    original = synthetic_run / "checkpoints" / "best.pt"
+    back = tmp_path / "back.pt"
+    result = runner.invoke(app, ["import", str(exported), "-o", str(back)])
+    assert result.exit_code == 0, result.output
+    a, b = load_checkpoint(original), load_checkpoint(back)
+    assert b.vocab_size == a.vocab_size  # nmt's own layout maps onto itself: no new row
+    for name, weight in a.model_state.items():
+        assert torch.equal(weight, b.model_state[name]), name
+    assert b.model_state["output_bias"].abs().max() == 0
+    assert (b.config.decode, b.config.data.src_lang) == (a.config.decode, a.config.data.src_lang)
+    lines = (synthetic_run / "data" / "valid.xx").read_text().splitlines()[:30]
+    translations = []
+    for path in (original, back):
+        model, subword, cfg = load_model(path)
+        translations.append(Translator(model, subword, cfg.decode, torch.device("cpu")).translate(lines))
+    assert translations[0] == translations[1]
+
+
+def test_pre_norm_export_is_one_line_error(tmp_path):
+    from nmt.checkpoint import save_checkpoint
+    from nmt.model import Transformer
+
+    from .synthetic import make_config, make_subword
+
+    cfg = make_config()
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, norm="pre"))
+    subword = make_subword(tmp_path / "spm")
+    model = Transformer(cfg.model, subword.vocab_size)
+    path = tmp_path / "pre.pt"
+    save_checkpoint(
+        path,
+        model_state=model.state_dict(),
+        config=cfg,
+        subword_proto=subword.proto,
+        vocab_size=model.vocab_size,
+    )
+    result = runner.invoke(
+        app, ["export", "-m", str(path), "--format", "huggingface", "-o", str(tmp_path / "o")]
+    )
+    assert result.exit_code == 2
+    assert "model.norm is pre" in result.output and len(result.output.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+
+
+# ---- an imported model is an ordinary checkpoint --------------------------------------------------------
+
+
+def test_imported_model_translates_averages_and_exports_to_ctranslate2(imported, tmp_path):
+    folder, path, lines = imported
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(lines[:10]) + "\n")
+    result = runner.invoke(app, ["translate", "-m", str(path), "-i", str(source), "--beam", "1"])
+    assert result.exit_code == 0, result.output
+    translated = result.stdout.splitlines()
+    assert len(translated) == 10 and any(translated)
+
+    averaged = tmp_path / "avg.pt"
+    assert runner.invoke(app, ["average", str(path), str(path), "-o", str(averaged)]).exit_code == 0
+    again = runner.invoke(app, ["translate", "-m", str(averaged), "-i", str(source), "--beam", "1"])
+    assert again.stdout.splitlines() == translated
+
+    pytest.importorskip("ctranslate2")
+    ct2 = tmp_path / "ct2"
+    result = runner.invoke(app, ["export", "-m", str(path), "--format", "ctranslate2", "-o", str(ct2)])
+    assert result.exit_code == 0, result.output
+    args = ["translate", "--engine", "ctranslate2", "-m", str(ct2), "-i", str(source), "--beam", "1"]
+    assert runner.invoke(app, args).stdout.splitlines() == translated
+
+
+def test_import_refuses_what_nmt_cannot_represent(imported, tmp_path):
+    import shutil
+
+    folder, _, _ = imported
+    broken = tmp_path / "broken"
+    shutil.copytree(folder, broken)
+    config = json.loads((broken / "config.json").read_text())
+    config["activation_function"] = "gelu_new"
+    (broken / "config.json").write_text(json.dumps(config))
+    result = runner.invoke(app, ["import", str(broken), "-o", str(tmp_path / "x.pt")])
+    assert result.exit_code == 2 and "activation_function" in result.output
+    assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "x.pt").exists()
