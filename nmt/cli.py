@@ -66,6 +66,23 @@ MirrorOpt = Annotated[
 ]
 
 
+InitFromOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--init-from",
+        help="Fine-tune: start from this checkpoint's weights and subwords (sets data.init_from).",
+    ),
+]
+
+
+def _overrides(overrides: list[str] | None, init_from: Path | None) -> list[str]:
+    """--set items, and --init-from as the recipe key it stands for (a JSON string is valid YAML)."""
+    import json
+
+    extra = [f"data.init_from={json.dumps(str(init_from))}"] if init_from is not None else []
+    return [*(overrides or []), *extra]
+
+
 def _workdir(recipe: str, workdir: Path | None) -> Path:
     from nmt.config import resolve_recipe
 
@@ -79,17 +96,19 @@ def preprocess(
     mirror: MirrorOpt = None,
     overrides: SetOpt = None,
     force: Annotated[bool, typer.Option("--force", help="Redo every step, even those already done.")] = False,
+    init_from: InitFromOpt = None,
 ) -> None:
     """Fetch the corpora, clean them, train the joint SentencePiece model and binarize every split.
 
     [bold]Examples[/]
       nmt preprocess recipes/multi30k-en-de.yaml
       nmt preprocess recipes/multi30k-en-de.yaml --mirror ../shared/data/multi30k
+      nmt preprocess my-domain.yaml --init-from opus-mt-en-de.pt   # encode with the model's subwords
     """
     from nmt.config import load_config
     from nmt.data.preprocess import preprocess as run_preprocess
 
-    cfg = load_config(recipe, overrides or [])
+    cfg = load_config(recipe, _overrides(overrides, init_from))
     run_preprocess(cfg, _workdir(recipe, workdir), mirror=mirror, force=force, console=err)
 
 
@@ -101,6 +120,7 @@ def train(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Build the model, print its summary and stop; needs no data.")
     ] = False,
+    init_from: InitFromOpt = None,
 ) -> None:
     """Train a model; running the same command again resumes from the last checkpoint.
 
@@ -111,12 +131,13 @@ def train(
       nmt train recipes/wmt14-en-de-base.yaml --dry-run
       nmt train recipes/multi30k-en-de.yaml --set train.max_steps=200
       torchrun --nproc-per-node 8 -m nmt train recipes/wmt14-en-de-base.yaml
+      nmt train my-domain.yaml --init-from opus-mt-en-de.pt         # fine-tune a pretrained model
     """
     from nmt.config import load_config
     from nmt.train import dry_run as run_dry_run
     from nmt.train import train as run_train
 
-    cfg = load_config(recipe, overrides or [])
+    cfg = load_config(recipe, _overrides(overrides, init_from))
     if dry_run:
         run_dry_run(cfg, console=err)
         return
@@ -403,6 +424,7 @@ def run(
     workdir: WorkdirOpt = None,
     mirror: MirrorOpt = None,
     overrides: SetOpt = None,
+    init_from: InitFromOpt = None,
 ) -> None:
     """Everything: preprocess, train, average, translate the test sets, score, write results.md.
 
@@ -411,11 +433,12 @@ def run(
     [bold]Examples[/]
       nmt run recipes/multi30k-en-de.yaml --mirror ../shared/data/multi30k
       nmt run recipes/wmt14-en-de-base.yaml
+      nmt run my-domain.yaml --init-from opus-mt-en-de.pt           # fine-tune, then evaluate
     """
     from nmt.config import load_config
     from nmt.pipeline import run_pipeline
 
-    cfg = load_config(recipe, overrides or [])
+    cfg = load_config(recipe, _overrides(overrides, init_from))
     run_pipeline(cfg, _workdir(recipe, workdir), mirror=mirror, console=err)
 
 

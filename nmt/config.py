@@ -58,6 +58,8 @@ class DataConfig:
     max_words: int = 250
     max_ratio: float = 1.5
     max_subwords: int = 256  # training pairs longer than this in subwords are dropped after encoding
+    # Fine-tuning: a checkpoint whose subwords, model keys and weights the run starts from (nmt.finetune).
+    init_from: str | None = None
 
 
 @dataclass(frozen=True)
@@ -171,6 +173,10 @@ def load_config(recipe: str | Path | None, overrides: list[str] | tuple[str, ...
         raise ConfigError(f"{path}: a recipe is a mapping of sections (data, model, train, decode)")
     for item in overrides:
         apply_override(raw, item)
+    if isinstance(raw.get("data"), dict) and raw["data"].get("init_from") is not None:
+        from nmt.finetune import merge_init_from
+
+        merge_init_from(raw, str(path))
     return config_from_dict(raw, source=str(path))
 
 

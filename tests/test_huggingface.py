@@ -49,7 +49,14 @@ def train_spm(lines: list[str], prefix: Path, vocab_size: int) -> Path:
     return Path(f"{prefix}.model")
 
 
-def marian_folder(directory: Path, activation: str, seed: int, weights: str = "safetensors") -> Path:
+def marian_folder(
+    directory: Path,
+    activation: str,
+    seed: int,
+    weights: str = "safetensors",
+    corpus: tuple[list[str], list[str]] | None = None,
+    steps: int = 250,
+) -> Path:
     """An OPUS-MT-shaped folder made by transformers itself: </s> 0, <unk> 1, pieces, <pad> last (also
     the decoder's start token), separate source and target SentencePiece models over one vocab.json, a
     non-zero final_logits_bias, trained a few dozen steps on the task so that outputs vary and end."""
@@ -57,11 +64,12 @@ def marian_folder(directory: Path, activation: str, seed: int, weights: str = "s
 
     rng = random.Random(seed)
     src = [source_sentence(rng) for _ in range(3000)]
-    tgt = [target_of(s) for s in src]
+    src, tgt = corpus or (src, [target_of(s) for s in src])
     folder = directory / f"marian-{activation}"
     folder.mkdir(parents=True)
-    source_spm = train_spm(src, directory / f"src-{activation}", 76)
-    target_spm = train_spm(tgt, directory / f"tgt-{activation}", 76)
+    size = 76 if corpus is None else 400
+    source_spm = train_spm(src, directory / f"src-{activation}", size)
+    target_spm = train_spm(tgt, directory / f"tgt-{activation}", size)
     pieces = ["</s>", "<unk>"]
     for path in (source_spm, target_spm):
         sp = spm.SentencePieceProcessor(model_file=str(path))
@@ -79,7 +87,7 @@ def marian_folder(directory: Path, activation: str, seed: int, weights: str = "s
         decoder_ffn_dim=64,
         encoder_attention_heads=4,
         decoder_attention_heads=4,
-        max_position_embeddings=64,
+        max_position_embeddings=256,
         activation_function=activation,
         dropout=0.0,
         scale_embedding=True,
@@ -100,8 +108,8 @@ def marian_folder(directory: Path, activation: str, seed: int, weights: str = "s
     pairs = [(ids(s, sps[0]), ids(t, sps[1])) for s, t in zip(src, tgt, strict=True)]
     optimizer = torch.optim.Adam(model.parameters(), lr=0.005)
     model.train()
-    for step in range(250):
-        batch = pairs[step * 20 % 2980 :][:20]
+    for step in range(steps):
+        batch = pairs[step * 20 % (len(pairs) - 20) :][:20]
         x = torch.nn.utils.rnn.pad_sequence([torch.tensor(s) for s, _ in batch], True, pad)
         y = torch.nn.utils.rnn.pad_sequence([torch.tensor(t) for _, t in batch], True, -100)
         loss = model(input_ids=x, attention_mask=(x != pad).long(), labels=y).loss
@@ -359,3 +367,63 @@ def test_import_refuses_what_nmt_cannot_represent(imported, tmp_path):
     result = runner.invoke(app, ["import", str(broken), "-o", str(tmp_path / "x.pt")])
     assert result.exit_code == 2 and "activation_function" in result.output
     assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "x.pt").exists()
+
+
+# ---- fine-tuning an imported model ---------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.multi30k
+def test_init_from_an_imported_model_fine_tunes_stops_and_resumes(
+    multi30k_mirror, tmp_path, one_torch_thread
+):
+    """Preprocess with the imported model's subwords, train from its weights: the loss falls from where
+    it starts, a stopped run resumes to the same weights as one that ran through, and a recipe that
+    contradicts the model is refused in one line."""
+    import gzip
+
+    import yaml
+
+    from nmt.config import resolve_recipe
+
+    read = lambda name: gzip.open(multi30k_mirror / name, "rt", encoding="utf-8").read().splitlines()[:3000]  # noqa: E731
+    folder = marian_folder(tmp_path, "swish", 7, corpus=(read("train.en.gz"), read("train.de.gz")), steps=40)
+    pretrained = tmp_path / "opus-tiny.pt"
+    assert runner.invoke(app, ["import", str(folder), "-o", str(pretrained)]).exit_code == 0
+
+    shipped = yaml.safe_load(resolve_recipe("multi30k-en-de").read_text())
+    data = {k: v for k, v in shipped["data"].items() if k != "vocab_size"}
+    recipe = tmp_path / "finetune.yaml"
+    train = {"batch_tokens": 1024, "update_tokens": 1024, "warmup": 4, "peak_lr": 0.001, "log_every": 1}
+    train.update(save_every=6, validate_every=1000, valid_bleu=False, max_steps=12, threads=1)
+    recipe.write_text(yaml.safe_dump({"data": data, "train": train}))
+    run, straight = tmp_path / "run", tmp_path / "straight"
+    common = ["--init-from", str(pretrained), "--mirror", str(multi30k_mirror)]
+    result = runner.invoke(app, ["preprocess", str(recipe), "-w", str(run), *common])
+    assert result.exit_code == 0, result.output
+    assert (run / "data" / "spm.model").read_bytes() == load_checkpoint(pretrained).subword_proto
+
+    # stopped at step 6, then resumed to 12; and the same 12 steps without a stop
+    init = ["--init-from", str(pretrained)]
+    stopped = runner.invoke(app, ["train", str(recipe), "-w", str(run), *init, "--set", "train.max_steps=6"])
+    assert stopped.exit_code == 0, stopped.output
+    assert "starting from the weights of" in stopped.output
+    resumed = runner.invoke(app, ["train", str(recipe), "-w", str(run), *init])
+    assert resumed.exit_code == 0 and "resuming from" in resumed.output, resumed.output
+    import shutil
+
+    shutil.copytree(run / "data", straight / "data")
+    through = runner.invoke(app, ["train", str(recipe), "-w", str(straight), *init])
+    assert through.exit_code == 0, through.output
+    a = load_checkpoint(run / "checkpoints" / "last.pt").model_state
+    b = load_checkpoint(straight / "checkpoints" / "last.pt").model_state
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+    losses = [r["loss"] for r in map(json.loads, (straight / "metrics.jsonl").read_text().splitlines())
+              if r.get("kind") == "train"]  # fmt: skip
+    assert len(losses) == 12 and sum(losses[-3:]) < sum(losses[:3])
+
+    # the shipped recipe's model (3 layers, d_model 256) is not this checkpoint's
+    refused = runner.invoke(app, ["train", "multi30k-en-de", "-w", str(tmp_path / "x"), *init, "--dry-run"])
+    assert refused.exit_code == 2
+    assert "model.encoder_layers is 3" in refused.output and len(refused.output.strip().splitlines()) == 1

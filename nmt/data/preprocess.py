@@ -33,12 +33,20 @@ from nmt.data.binarized import write_split
 from nmt.data.clean import REASONS, clean_pairs, open_text, read_pairs
 from nmt.data.corpora import corpus_text
 from nmt.data.subword import Subword, train_subword
+from nmt.finetune import init_subword, subword_sha256
 
 STEPS = ("text", "subword", "binarize")
 FORMAT = 1  # bump when the outputs change meaning, so old work directories are redone
 ENCODE_CHUNK = 20_000
 PERCENTILES = (50, 90, 95, 99, 100)
-SUBWORD_KEYS = ("vocab_size", "subword_type", "character_coverage", "spm_sample_sentences", "max_subwords")
+SUBWORD_KEYS = (
+    "vocab_size",
+    "subword_type",
+    "character_coverage",
+    "spm_sample_sentences",
+    "max_subwords",
+    "init_from",
+)
 
 
 def preprocess(
@@ -62,6 +70,9 @@ def preprocess(
         start = time.perf_counter()
         if step == "text":
             info = write_text(data, out, mirror=mirror, console=console)
+        elif step == "subword" and data.init_from:  # fine-tuning: the checkpoint's own subwords
+            atomic.write_bytes(out / "spm.model", init_subword(data.init_from))
+            info = {"model": str(out / "spm.model"), "from": data.init_from}
         elif step == "subword":
             model = train_subword([_clean(out, data.src_lang), _clean(out, data.tgt_lang)], out / "spm", data)
             info = {"model": str(model)}
@@ -238,6 +249,8 @@ def _fingerprint(data: DataConfig, step: str) -> str:
     if step == "text":
         for key in SUBWORD_KEYS:
             settings.pop(key)
+    elif data.init_from:  # the checkpoint's subwords, not just its path: a new file at the same path counts
+        settings["init_from_subword"] = subword_sha256(init_subword(data.init_from))
     raw = json.dumps({"format": FORMAT, "data": settings}, sort_keys=True)
     return hashlib.sha256(raw.encode()).hexdigest()
 
