@@ -21,22 +21,18 @@ WMT-size split: at least 1,000,000 target tokens/s on one core.
 from __future__ import annotations
 
 import argparse
-import datetime
-import shlex
-import sys
 import time
 from pathlib import Path
 
-import results_file  # benchmarks/results_file.py: these scripts run with benchmarks/ on sys.path
+import common  # benchmarks/common.py: these scripts run with benchmarks/ on sys.path
 import torch
+from common import RESULTS, WMT_LENGTHS, SyntheticPairs
 from torch import Tensor
-from train_throughput import WMT_LENGTHS, SyntheticPairs, synthetic_lengths
 
 from nmt.config import load_config
 from nmt.data.loader import Loader, PlannedUpdate, prepare, update_plan
 from nmt.tokens import BOS, EOS, PAD
 
-RESULTS = results_file.RESULTS
 SECTION = "## Training data loader"
 
 
@@ -99,16 +95,15 @@ def figures(counts: list[tuple[int, int]], seconds: float) -> dict[str, float]:
 
 def table(rows: dict[str, dict[str, float]]) -> list[str]:
     base = rows["pair by pair"]["target_tokens_per_s"]
-    lines = [
-        "| path | target tok/s | padded tok/s | updates/s | vs pair by pair |",
-        "| --- | --- | --- | --- | --- |",
-    ]
-    for name, r in rows.items():
-        lines.append(
-            f"| {name} | {r['target_tokens_per_s']:,.0f} | {r['padded_tokens_per_s']:,.0f} | "
-            f"{r['updates_per_s']:,.1f} | {r['target_tokens_per_s'] / base:.1f}x |"
-        )
-    return lines
+    header = ["path", "target tok/s", "padded tok/s", "updates/s", "vs pair by pair"]
+    return common.markdown_table(
+        header,
+        [
+            [name, f"{r['target_tokens_per_s']:,.0f}", f"{r['padded_tokens_per_s']:,.0f}"]
+            + [f"{r['updates_per_s']:,.1f}", f"{r['target_tokens_per_s'] / base:.1f}x"]
+            for name, r in rows.items()
+        ],
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
 
         data, source = ParallelData(args.data / "data" / "train"), f"{args.data}/data/train"
     else:
-        src, tgt = synthetic_lengths(args.pairs, WMT_LENGTHS, seed=0)
+        src, tgt = WMT_LENGTHS.pairs(args.pairs, seed=0)
         data, source = SyntheticPairs(src, tgt, cfg.data.vocab_size), f"synthetic, {args.pairs:,} pairs"
     rows = measure(data, cfg, args.updates)
     lines = table(rows)
@@ -138,22 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     print(head)
     print("\n".join(lines))
     if args.record:
-        when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        command = shlex.join(
-            ["python", "benchmarks/loader_speed.py", *(argv if argv is not None else sys.argv[1:])]
-        )
-        entry = "\n".join(
-            [
-                f"### {when}: {source}",
-                "",
-                f"Machine: {results_file.machine_name('cpu')}. Command: `{command}`.",
-                head + ".",
-                "",
-                *lines,
-                "",
-            ]
-        )
-        results_file.record(entry, SECTION, args.results)
+        command = common.command_line(__file__, argv)
+        machine = f"Machine: {common.machine_name('cpu')}. Command: `{command}`."
+        entry = "\n".join([f"### {common.now()}: {source}", "", machine, head + ".", "", *lines, ""])
+        common.record(entry, SECTION, args.results)
     return 0
 
 

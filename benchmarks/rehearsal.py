@@ -36,7 +36,7 @@
              loss only (train.valid_bleu=false): greedy decoding of newstest2013 would take minutes.
              Reports the seconds per update and tokens/s from W/metrics.jsonl, each rank's peak RSS and
              the disk of W/checkpoints. The loader's own throughput comes from
-             benchmarks/loader_speed.py when it exists, else the trainer's tokens/s stand for it.
+             benchmarks/loader_speed.py on the same split.
 4. extrapolation  To WMT14 EN-FR (36M pairs): each step's seconds per pair and the bytes per pair on
              disk, times 36M; peak RSS plus the arrays that grow with the corpus (the writer's offsets,
              8 bytes per pair and side).
@@ -45,13 +45,11 @@
 from __future__ import annotations
 
 import argparse
-import datetime
 import hashlib
 import io
 import json
 import math
 import os
-import random
 import re
 import shlex
 import signal
@@ -60,14 +58,14 @@ import sys
 import tarfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import results_file  # benchmarks/results_file.py: these scripts run with benchmarks/ on sys.path
+import common  # benchmarks/common.py: these scripts run with benchmarks/ on sys.path
 import torch
 import yaml
+from common import GIB, MIB, RESULTS, LengthModel, Zipf, make_words, markdown_table, rss_now, wait_measured
 
-RESULTS = results_file.RESULTS
 SECTION = "## Full-size rehearsal"
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ROOT / "recipes" / "wmt14-en-de-base.yaml"
@@ -124,54 +122,11 @@ TEST_SETS = {
 # 1. The synthetic corpus
 
 TYPES = 200_000  # word types per language
-ZIPF_S, ZIPF_Q = 1.05, 2.7  # Zipf-Mandelbrot: p(rank r) ~ 1 / (r + q)^s
-LEN_MU, LEN_SIGMA = 3.0, 0.65  # log-normal words per sentence: mean exp(mu + sigma^2 / 2) = 24.8
+# Words per sentence: log-normal with mean 24.8 (mu 3.0, sigma 0.65); German runs a little longer.
+WORDS = LengthModel(mean=math.exp(3.0 + 0.65**2 / 2), sigma=0.65, ratio=1.08, noise=0.12)
 LONG_SHARE = 0.001  # pairs with 251-400 source words, dropped as too long
-TGT_RATIO, TGT_RATIO_SIGMA = 1.08, 0.12  # German runs a little longer than English
 WORD_NOISE = 0.15  # target words that are not the translation of the aligned source word
 CHUNK = 50_000  # pairs generated and written at a time
-
-SPELLING = {
-    "en": (
-        "b c d f g h l m n p r s t w th sh ch st br tr pl gr wh cr fl".split() + [""] * 4,
-        "a e i o u ea ou ai ee oo y ie".split(),
-        "n r s t l nd ng st ck ght rd ll m p".split() + [""] * 14,
-        ["", "", "", "s", "ed", "ing", "ly", "er", "tion", "ness", "ment", "able"],
-    ),
-    "de": (
-        "b d f g h k l m n p r s t w z sch st sp kr tr gr pf schw fr".split() + [""] * 3,
-        "a e i o u ei ie au eu ä ö ü aa".split(),
-        "n r s t l ch cht nd ng tz ck ß rn mm".split() + [""] * 12,
-        ["", "", "", "en", "er", "ung", "heit", "keit", "lich", "isch", "e", "t", "chen"],
-    ),
-}
-
-
-def make_words(lang: str, n: int, seed: int) -> list[str]:
-    """n distinct made-up words in `lang`'s spelling, shortest first roughly (frequent words are short)."""
-    onsets, nuclei, codas, suffixes = SPELLING[lang]
-    rng = random.Random(seed)
-    words: list[str] = []
-    seen: set[str] = set()
-    while len(words) < n:
-        # syllables grow with the rank, as frequent words are short (Zipf's law of abbreviation)
-        rank = len(words)
-        pick = [rng.getrandbits(30) for _ in range(3 * 4 + 3)]
-        syllables = 1 + int(math.log10(rank + 1) * 0.3 + 0.6 * pick[-3] / (1 << 30))
-        word = "".join(
-            onsets[pick[3 * i] % len(onsets)]
-            + nuclei[pick[3 * i + 1] % len(nuclei)]
-            + codas[pick[3 * i + 2] % len(codas)]
-            for i in range(syllables)
-        )
-        if rank > 1000:
-            word += suffixes[pick[-1] % len(suffixes)]
-        if lang == "de" and rank > 20000 and pick[-2] % 5 == 0:  # compounds
-            word += words[pick[-2] % len(words)]
-        if word and word not in seen:
-            seen.add(word)
-            words.append(word)
-    return words
 
 
 class Generator:
@@ -179,9 +134,7 @@ class Generator:
 
     def __init__(self, seed: int = 1):
         self.g = torch.Generator().manual_seed(seed)
-        weights = 1.0 / (torch.arange(TYPES, dtype=torch.float64) + ZIPF_Q) ** ZIPF_S
-        self.cdf = torch.cumsum(weights / weights.sum(), 0)
-        self.cdf[-1] = 1.0
+        self.zipf = Zipf(TYPES, s=1.05, q=2.7)  # Zipf-Mandelbrot
         # translation: a word of rank r maps to a word of about the same rank
         jitter = torch.randn(TYPES, generator=self.g, dtype=torch.float64) * (0.1 * torch.arange(TYPES) + 1)
         self.word_map = (torch.arange(TYPES) + jitter).round().clamp(0, TYPES - 1).long()
@@ -194,24 +147,19 @@ class Generator:
                 words + [w[0].upper() + w[1:] for w in words] + [w + "." for w in words] + ["\n"]
             )
 
-    def zipf(self, n: int) -> torch.Tensor:
-        return torch.searchsorted(self.cdf, torch.rand(n, generator=self.g, dtype=torch.float64)).clamp_(
-            max=TYPES - 1
-        )
-
     def chunk(self, n: int, bad_ratio: float, empty: float) -> tuple[str, str]:
         """n aligned lines per side."""
         g = self.g
-        src_len = torch.exp(LEN_MU + LEN_SIGMA * torch.randn(n, generator=g)).round().clamp(1, 250).long()
+        src_len = WORDS.sources(n, g)
         long = torch.rand(n, generator=g) < LONG_SHARE
         src_len[long] = torch.randint(251, 401, (int(long.sum()),), generator=g)
-        ratio = TGT_RATIO * torch.exp(TGT_RATIO_SIGMA * torch.randn(n, generator=g))
+        ratio = WORDS.ratios(n, g)
         bad = torch.rand(n, generator=g) < bad_ratio
-        off = torch.empty(int(bad.sum())).uniform_(1.8, 4.0, generator=g)
+        off = torch.empty(int(bad.sum()), dtype=torch.float64).uniform_(1.8, 4.0, generator=g)
         ratio[bad] = torch.where(torch.rand(len(off), generator=g) < 0.5, off, 1 / off)
         tgt_len = (src_len * ratio).round().clamp(1, 600).long()
         tgt_len[torch.rand(n, generator=g) < empty] = 0
-        src = self.zipf(int(src_len.sum()))
+        src = self.zipf.draw(int(src_len.sum()), g)
         # target word j of a sentence translates source word j * |src| // |tgt|
         sent = torch.repeat_interleave(torch.arange(n), tgt_len)  # (T,)
         t_start = torch.cumsum(tgt_len, 0) - tgt_len
@@ -219,7 +167,7 @@ class Generator:
         j = torch.arange(len(sent)) - t_start[sent]
         tgt = self.word_map[src[s_start[sent] + j * src_len[sent] // tgt_len[sent]]]
         noise = torch.rand(len(tgt), generator=g) < WORD_NOISE
-        tgt[noise] = self.zipf(int(noise.sum()))
+        tgt[noise] = self.zipf.draw(int(noise.sum()), g)
         return self.text(src, src_len, "en"), self.text(tgt, tgt_len, "de")
 
     def text(self, ids: torch.Tensor, lengths: torch.Tensor, lang: str) -> str:
@@ -320,17 +268,6 @@ def disk_bytes(path: Path) -> int:
     return total
 
 
-def rss_bytes(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
 @dataclass
 class Step:
     name: str
@@ -341,24 +278,18 @@ class Step:
 
 
 @dataclass
-class Watched:
-    """A child process whose stderr lines are echoed and kept, and whose RSS is sampled."""
+class Whole:
+    """The whole preprocessing run: wall time, and from wait4 its peak RSS and CPU (user + system) time,
+    which a machine shared with other jobs cannot inflate."""
 
-    argv: list[str]
-    env: dict
-    log: Path
-    lines: list[str] = field(default_factory=list)
-    peak_rss: int = 0  # the whole run, from wait4
-    cpu_seconds: float = (
-        0.0  # user + system, from wait4: what a machine shared with other jobs cannot inflate
-    )
-    returncode: int = 0
-    seconds: float = 0.0
+    seconds: float
+    peak_rss: int
+    cpu_seconds: float
 
 
 def run_preprocess(
     workdir: Path, recipe: Path, mirror: Path, md5: dict, overrides: list[str], quiet: bool = False
-) -> tuple[list[Step], Watched]:
+) -> tuple[list[Step], Whole]:
     """`nmt preprocess` in a subprocess; per-step wall time, sampled peak RSS and disk after the step."""
     env = dict(os.environ, NMT_CACHE=str(workdir / "cache"), REHEARSAL_TEST_MD5=json.dumps(md5))
     argv = [
@@ -377,23 +308,22 @@ def run_preprocess(
     current: list[Step] = []
     start = time.monotonic()
     proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-    watched = Watched(argv, env, workdir / "preprocess.log")
+    log_path = workdir / "preprocess.log"
     stop = threading.Event()
 
     def sample() -> None:
         while not stop.wait(0.2):
-            rss = rss_bytes(proc.pid)
+            rss = rss_now(proc.pid)
             if current:
                 current[-1].peak_rss = max(current[-1].peak_rss, rss)
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     step_start = start
-    with open(watched.log, "w", encoding="utf-8") as log:
+    with open(log_path, "w", encoding="utf-8") as log:
         assert proc.stderr is not None
         for line in proc.stderr:
             log.write(line)
-            watched.lines.append(line)
             if not quiet:
                 sys.stderr.write("  | " + line)
             m = re.match(r"(text|subword|binarize): (.*)", line)
@@ -410,16 +340,12 @@ def run_preprocess(
                 steps[name] = Step(name)
                 current.append(steps[name])
                 step_start = time.monotonic()
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
+    returncode, peak_rss, cpu_seconds = wait_measured(proc)
     stop.set()
     sampler.join()
-    watched.returncode, watched.peak_rss = proc.returncode, usage.ru_maxrss * 1024
-    watched.seconds = time.monotonic() - start
-    watched.cpu_seconds = usage.ru_utime + usage.ru_stime
-    if proc.returncode != 0:
-        raise SystemExit(f"nmt preprocess failed (exit {proc.returncode}); see {watched.log}")
-    return [steps[s] for s in STEPS if s in steps], watched
+    if returncode != 0:
+        raise SystemExit(f"nmt preprocess failed (exit {returncode}); see {log_path}")
+    return [steps[s] for s in STEPS if s in steps], Whole(time.monotonic() - start, peak_rss, cpu_seconds)
 
 
 def _nmt(argv: list[str]) -> None:
@@ -486,8 +412,9 @@ def run_train(
         while proc.poll() is None:
             time.sleep(0.5)
             for pid in children(proc.pid):
-                peaks[pid] = max(peaks.get(pid, 0), rss_bytes(pid))
-            if kill_after_step is not None and not killed and last_step(metrics) >= kill_after_step:
+                peaks[pid] = max(peaks.get(pid, 0), rss_now(pid))
+            done = max((r["step"] for r in train_records(metrics)), default=0)
+            if kill_after_step is not None and not killed and done >= kill_after_step:
                 # As a scheduler preempting the job would: SIGTERM to the ranks themselves. Sent to
                 # torchrun, it is passed on, but torchrun kills the ranks 30 s later, and a CPU update of
                 # 25000 tokens takes longer than that to finish before the rank can save.
@@ -502,36 +429,23 @@ def run_train(
     return TrainRun(proc.returncode, time.monotonic() - start, ranks, "resuming from" in text.split("$ ")[-1])
 
 
-def last_step(metrics: Path) -> int:
+def train_records(metrics: Path) -> list[dict]:
     try:
         lines = metrics.read_text(encoding="utf-8").splitlines()
     except OSError:
-        return 0
-    steps = [json.loads(line).get("step", 0) for line in lines if line.strip()]
-    return max(steps, default=0)
-
-
-def train_records(metrics: Path) -> list[dict]:
-    if not metrics.exists():
         return []
-    records = [json.loads(line) for line in metrics.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return [r for r in records if r.get("kind") == "train"]
+    return [r for r in map(json.loads, filter(str.strip, lines)) if r.get("kind") == "train"]
 
 
 # ---------------------------------------------------------------------------------------------------------
 # 4. Report
 
-GiB, MiB = 1 << 30, 1 << 20
 
-
-def loader_speed(workdir: Path) -> str | None:
-    """The figures of benchmarks/loader_speed.py on the binarized data, when that benchmark exists."""
+def loader_speed(workdir: Path) -> str:
+    """The figures of benchmarks/loader_speed.py on the binarized data."""
     script = Path(__file__).resolve().parent / "loader_speed.py"
-    if not script.exists():
-        return None
-    done = subprocess.run(
-        [sys.executable, str(script), "--data", str(workdir)], capture_output=True, text=True, check=False
-    )
+    argv = [sys.executable, str(script), "--data", str(workdir)]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
     return (done.stdout.strip() or done.stderr.strip()[-2000:]) or f"exit {done.returncode}"
 
 
@@ -544,33 +458,29 @@ def preprocess_rows(steps: list[Step], pairs: int) -> list[list[str]]:
                 s.name,
                 f"{s.seconds:,.1f}",
                 f"{per_pair * 1e6:,.1f}",
-                f"{s.peak_rss / GiB:.2f}",
-                f"{s.data_bytes / GiB:.2f}",
-                f"{s.cache_bytes / GiB:.2f}",
+                f"{s.peak_rss / GIB:.2f}",
+                f"{s.data_bytes / GIB:.2f}",
+                f"{s.cache_bytes / GIB:.2f}",
                 f"{per_pair * EN_FR_PAIRS / 60:,.1f}",
             ]
         )
     return rows
 
 
-def extrapolation(steps: list[Step], pairs: int, whole: Watched) -> dict:
+def extrapolation(steps: list[Step], pairs: int, whole: Whole) -> dict:
     """Figures for WMT14 EN-FR (36M pairs) from this run's per-pair rates and bytes per pair."""
     scale = EN_FR_PAIRS / pairs
     last = steps[-1] if steps else Step("none")
     grow = (EN_FR_PAIRS - pairs) * 2 * 8  # the writer's int64 offsets, one per pair and side
     return {
         "minutes": sum(s.seconds for s in steps) * scale / 60,
-        "data_gib": last.data_bytes * scale / GiB,
-        "cache_gib": last.cache_bytes * scale / GiB,
-        "peak_rss_gib": (whole.peak_rss + grow) / GiB,
+        "data_gib": last.data_bytes * scale / GIB,
+        "cache_gib": last.cache_bytes * scale / GIB,
+        "peak_rss_gib": (whole.peak_rss + grow) / GIB,
     }
 
 
-def table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
-
-
+TRAIN_HEADER = ["run", "wall s", "exit", "resumed", "updates", "s / update", "tokens/s", "rank peak RSS GiB"]
 PRE_HEADER = ["step", "wall s", "µs / pair", "peak RSS GiB", "data/ GiB", "cache/ GiB", "EN-FR min"]
 
 
@@ -585,20 +495,20 @@ def report(r: dict) -> str:
     whole = r["preprocess"]
     out = [
         f"- corpus: {pairs:,} synthetic pairs ({_counts(r['corpus']['pairs'])}),"
-        f" generated in {r['corpus']['seconds']:,.0f} s; archives {r['corpus']['bytes'] / GiB:.2f} GiB",
+        f" generated in {r['corpus']['seconds']:,.0f} s; archives {r['corpus']['bytes'] / GIB:.2f} GiB",
         f"- preprocess: {whole['seconds'] / 60:.1f} min wall, {whole['cpu_seconds'] / 60:.1f} min of CPU"
         f" (user + system; load average {r['load']:.1f} at the end),"
-        f" peak RSS {whole['peak_rss'] / GiB:.2f} GiB (wait4);"
+        f" peak RSS {whole['peak_rss'] / GIB:.2f} GiB (wait4);"
         f" kept {r['stats']['kept']:,} of {r['stats']['lines']:,} pairs"
         f" (dropped: {_counts(r['stats']['dropped'])});"
         f" {r['stats']['tokens']['src']:,} / {r['stats']['tokens']['tgt']:,} subwords",
         "",
-        table(PRE_HEADER, r["steps"]),
+        *markdown_table(PRE_HEADER, r["steps"]),
         "",
         f"Targets: preprocessing <= {TARGETS['minutes']:.0f} min: {whole['seconds'] / 60:.1f} min"
         f" ({'met' if whole['seconds'] / 60 <= TARGETS['minutes'] else 'NOT met'}); peak RSS"
-        f" <= {TARGETS['rss_gib']:.0f} GiB: {whole['peak_rss'] / GiB:.2f} GiB"
-        f" ({'met' if whole['peak_rss'] / GiB <= TARGETS['rss_gib'] else 'NOT met'}).",
+        f" <= {TARGETS['rss_gib']:.0f} GiB: {whole['peak_rss'] / GIB:.2f} GiB"
+        f" ({'met' if whole['peak_rss'] / GIB <= TARGETS['rss_gib'] else 'NOT met'}).",
         "",
         f"Extrapolated to WMT14 EN-FR ({EN_FR_PAIRS / 1e6:.0f}M pairs, the same per-pair rates):"
         f" preprocessing {ex['minutes']:,.0f} min, data/ {ex['data_gib']:,.1f} GiB,"
@@ -615,21 +525,9 @@ def report(r: dict) -> str:
             f"- training: {t['command']}",
             f"- model: {t['model']}",
             "",
-            table(
-                [
-                    "run",
-                    "wall s",
-                    "exit",
-                    "resumed",
-                    "updates",
-                    "s / update",
-                    "tokens/s",
-                    "rank peak RSS GiB",
-                ],
-                t["rows"],
-            ),
+            *markdown_table(TRAIN_HEADER, t["rows"]),
             "",
-            f"checkpoints/: {t['checkpoint_bytes'] / MiB:,.0f} MiB; the loader: {t['loader']}",
+            f"checkpoints/: {t['checkpoint_bytes'] / MIB:,.0f} MiB; the loader: {t['loader']}",
         ]
     return "\n".join(out)
 
@@ -649,24 +547,14 @@ def train_part(args, workdir: Path, recipe: Path) -> dict:
         *args.model_set,
         *args.set,
     ]
-    argv = [
-        str(Path(sys.executable).with_name("torchrun")),
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        "-m",
-        "nmt",
-        "train",
-        str(recipe),
-        "--workdir",
-        str(workdir),
-        *(f"--set={o}" for o in overrides),
-    ]
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    argv = [torchrun, *"--standalone --nproc-per-node 2 -m nmt train".split(), str(recipe)]
+    argv += ["--workdir", str(workdir), *(f"--set={o}" for o in overrides)]
     env = dict(os.environ, NMT_CACHE=str(workdir / "cache"), OMP_NUM_THREADS="1")
     log = workdir / "train.log.rehearsal"
     deadline = args.minutes * 60 * 3 + 600
     first = run_train(argv, env, log, kill_after_step=args.kill_after, deadline_s=deadline)
-    steps_first = last_step(workdir / "metrics.jsonl")
+    steps_first = max((r["step"] for r in train_records(workdir / "metrics.jsonl")), default=0)
     # The budget counts the first run's time, validation and saving included: give the resumed run
     # another --minutes, so that it trains some updates whatever the first run spent.
     again = [
@@ -685,26 +573,27 @@ def train_part(args, workdir: Path, recipe: Path) -> dict:
             f"{(mine[-1]['elapsed'] - mine[0]['elapsed']) / (len(mine) - 1):.1f}" if len(mine) > 1 else "-"
         )
         tok = sorted(x["tokens_per_s"] for x in mine[1:])
+        median = f"{tok[len(tok) // 2]:,.0f}" if tok else "-"
+        rss = ", ".join(f"{b / GIB:.2f}" for b in run.rank_peak_rss)
+        resumed = "yes" if run.resumed else "no"
         rows.append(
             [
                 name,
                 f"{run.seconds:,.0f}",
                 str(run.returncode),
-                "yes" if run.resumed else "no",
+                resumed,
                 str(len(mine)),
                 per_update,
-                f"{tok[len(tok) // 2]:,.0f}" if tok else "-",
-                ", ".join(f"{b / GiB:.2f}" for b in run.rank_peak_rss),
+                median,
+                rss,
             ]
         )
-    loader = loader_speed(workdir)
     return {
         "command": "`" + shlex.join(["torchrun", *argv[1:]]) + "`",
         "model": ", ".join(o for o in overrides if o.startswith("model.")) or "the recipe's",
         "rows": rows,
         "checkpoint_bytes": disk_bytes(workdir / "checkpoints"),
-        "loader": loader
-        or "benchmarks/loader_speed.py absent; the trainer's tokens/s above (median after the first update)",
+        "loader": loader_speed(workdir),
         "resumed": second.resumed,
         "first_exit": first.returncode,
     }
@@ -718,19 +607,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--kill-after", type=int, default=2, help="SIGTERM the first training run after this update"
     )
-    p.add_argument(
-        "--model-set",
-        action="append",
-        default=None,
-        help="model overrides for the CPU (repeatable; default: 3+3 layers, d_model 256, d_ff 1024, 4 heads)",
+    model_help = (
+        "model overrides for the CPU (repeatable; default: 3+3 layers, d_model 256, d_ff 1024, 4 heads)"
     )
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a recipe override for every nmt command, e.g. data.vocab_size=500 for a tiny corpus",
-    )
+    p.add_argument("--model-set", action="append", help=model_help)
+    set_help = "a recipe override for every nmt command, e.g. data.vocab_size=500 for a tiny corpus"
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help)
     p.add_argument("--skip-train", action="store_true", help="generate and preprocess only")
     p.add_argument("--keep-corpus", action="store_true", help="reuse the mirror folder if already written")
     p.add_argument("--quiet", action="store_true", help="do not echo the subprocesses' output")
@@ -744,11 +626,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.model_set is None:
         args.model_set = [
-            "model.encoder_layers=3",
-            "model.decoder_layers=3",
-            "model.d_model=256",
-            "model.d_ff=1024",
-            "model.heads=4",
+            f"model.{k}" for k in "encoder_layers=3 decoder_layers=3 d_model=256 d_ff=1024 heads=4".split()
         ]
     work = args.workdir.resolve()
     mirror, run = work / "mirror", work / "run"
@@ -802,18 +680,14 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(body)
     if args.record:
-        command = shlex.join(
-            ["python", "benchmarks/rehearsal.py", *(argv if argv is not None else sys.argv[1:])]
-        )
-        stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
         head = (
-            f"### {stamp}: {args.pairs:,} pairs{'' if args.skip_train else ', trained'}\n\n"
-            f"- machine: {results_file.machine_name('cpu')}, {os.cpu_count()} cores,"
+            f"### {common.now()}: {args.pairs:,} pairs{'' if args.skip_train else ', trained'}\n\n"
+            f"- machine: {common.machine_name('cpu')}, {os.cpu_count()} cores,"
             f" load average {os.getloadavg()[0]:.1f} at the end, torch {torch.__version__}\n"
-            f"- command: `{command}`\n"
+            f"- command: `{common.command_line(__file__, argv)}`\n"
             f"- preprocessing as run: `{result['command_preprocess']}`\n"
         )
-        results_file.record(head + body + "\n", SECTION, args.results)
+        common.record(head + body + "\n", SECTION, args.results)
     if "train" in result and not (result["train"]["resumed"]):
         print("the second training run did not resume", file=sys.stderr)
         return 1

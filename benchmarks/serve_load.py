@@ -26,7 +26,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from results_file import machine_name, record
+from common import machine_name, record
 
 SECTION = "## Serving"
 

@@ -26,7 +26,6 @@ for nmt includes its data loader thread.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import re
@@ -35,13 +34,12 @@ import shutil
 import statistics
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import results_file  # benchmarks/results_file.py: these scripts run with benchmarks/ on sys.path
+import common  # benchmarks/common.py: these scripts run with benchmarks/ on sys.path
+from common import GIB, RESULTS
 
-RESULTS = results_file.RESULTS
 SECTION = "## Training speed side by side"
 RECIPE = "multi30k-en-de"
 OVERRIDES = (
@@ -85,12 +83,12 @@ def median_after_warmup(values: list[float]) -> float:
 def run_timed(cmd: list[str], log: Path, env: dict) -> float:
     """Run `cmd` to the end with its output in `log`; returns its peak RSS in GiB."""
     with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        print(f"warning: {cmd[0]} exited {proc.returncode}; see {log}", file=sys.stderr)
-    return usage.ru_maxrss / 2**20  # KiB -> GiB
+        returncode, peak_rss, _ = common.wait_measured(
+            subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        )
+    if returncode != 0:
+        print(f"warning: {cmd[0]} exited {returncode}; see {log}", file=sys.stderr)
+    return peak_rss / GIB
 
 
 def nmt_row(name: str, overrides: tuple[str, ...], data: Path, out: Path, args, env: dict) -> Row:
@@ -138,14 +136,14 @@ def has_fairseq(peers: Path | None) -> bool:
 
 def table(rows: list[Row]) -> list[str]:
     base = next((r.tokens_per_s for r in rows if r.system == FAIRSEQ), None)
-    head = "| system | target tok/s | vs fairseq | peak RSS | log lines |"
-    lines = [head, "| --- | --- | --- | --- | --- |"]
-    for r in rows:
-        ratio = f"{r.tokens_per_s / base:.2f}" if base else "n/a"
-        lines.append(
-            f"| {r.system} | {r.tokens_per_s:,.0f} | {ratio} | {r.peak_rss:.2f} GiB | {r.log_lines} |"
-        )
-    return lines
+    return common.markdown_table(
+        ["system", "target tok/s", "vs fairseq", "peak RSS", "log lines"],
+        [
+            [r.system, f"{r.tokens_per_s:,.0f}", f"{r.tokens_per_s / base:.2f}" if base else "n/a"]
+            + [f"{r.peak_rss:.2f} GiB", str(r.log_lines)]
+            for r in rows
+        ],
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -171,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
-    rows, started = [], time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    rows, started = [], common.now()
     if has_fairseq(args.peers):
         rows.append(fairseq_row(args.peers, args.out, args, env))
     else:
@@ -181,22 +179,19 @@ def main(argv: list[str] | None = None) -> int:
     lines = table(rows)
     print("\n".join(lines))
     if args.record:
-        command = shlex.join(
-            ["python", "benchmarks/train_speed.py", *(argv if argv is not None else sys.argv[1:])]
-        )
+        command = common.command_line(__file__, argv)
         entry = "\n".join(
             [
                 f"### {started}: peers' configuration, {args.minutes:g} minutes each, {args.threads} threads",
                 "",
-                f"Machine: {results_file.machine_name('cpu')}, {os.cpu_count()} cores. Command: `{command}`"
-                f"{' (PEERS set)' if has_fairseq(args.peers) else ''}. Recorded "
-                f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC.",
+                f"Machine: {common.machine_name('cpu')}, {os.cpu_count()} cores. Command: `{command}`"
+                f"{' (PEERS set)' if has_fairseq(args.peers) else ''}. Recorded {common.now()}.",
                 "",
                 *lines,
                 "",
             ]
         )
-        results_file.record(entry, SECTION, args.results)
+        common.record(entry, SECTION, args.results)
     return 0
 
 

@@ -4,13 +4,14 @@
     python benchmarks/train_throughput.py multi30k-en-de --data runs/multi30k-en-de --device cpu
     python benchmarks/train_throughput.py wmt14-en-de-big --updates 60 --json --record
 
-What runs is the trainer's own update, not a copy of it: the model, optimizer (fused Adam),
-precision (bf16 autocast where the recipe's `train.precision` resolves to it) and gradient accumulation
-come from the trainer's modules (`nmt.train.runtime.setup_runtime`, `nmt.data.loader.update_plan` and
-`prepare`, `nmt.train.update.train_step`), with the vocabulary set to data.vocab_size. Batches are cut by the
-real token-budget batcher (nmt.data.batching.epoch_batches) at train.batch_tokens, from the preprocessed
-training split (--data WORKDIR) or from synthetic lengths (`LengthModel`; token ids are random, which costs
-the same).
+What runs is the trainer's own update, not a copy of it: the model, optimizer (fused Adam), precision
+(bf16 autocast where the recipe's `train.precision` resolves to it), compilation (`train.compile`:
+`nmt.train.runtime.compile_for_training`), the rate (schedule x cool-down) and gradient accumulation come
+from the trainer's modules (`setup_runtime`, `nmt.data.loader.update_plan` and `prepare`,
+`nmt.train.update.train_step`), with the vocabulary set to data.vocab_size. Batches are cut by the real
+token-budget batcher (nmt.data.batching.epoch_batches) at train.batch_tokens, from the preprocessed
+training split (--data WORKDIR) or from synthetic lengths (`common.LengthModel`; token ids are random,
+which costs the same).
 
 Timing: K untimed warm-up updates, then N timed updates in W consecutive windows, each bracketed by a
 device synchronisation; figures are those of the median window by target tokens/s, so that a neighbour
@@ -27,11 +28,7 @@ after the timed windows). Model FLOPs are counted by `model_flops` from the real
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import math
-import resource
-import shlex
 import statistics
 import sys
 import time
@@ -39,22 +36,21 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import results_file  # benchmarks/results_file.py: these scripts run with benchmarks/ on sys.path
+import common  # benchmarks/common.py: these scripts run with benchmarks/ on sys.path
 import torch
+from common import GIB, MULTI30K_LENGTHS, RESULTS, WMT_LENGTHS, LengthModel, SyntheticPairs, peak_memory
 from torch import Tensor
 
 from nmt.config import Config, ModelConfig, load_config
-from nmt.data.loader import Loader, Update, accumulation, prepare, to_device, update_plan
+from nmt.data.loader import Loader, Update, batch_plan, prepare, to_device, update_plan
 from nmt.errors import NmtError
 from nmt.model import Transformer, count_parameters
 from nmt.tokens import PAD
-from nmt.train.optim import build_optimizer, inverse_sqrt_lr, lr_scale
-from nmt.train.runtime import Runtime, setup_runtime
-from nmt.train.update import train_step
+from nmt.train.optim import build_optimizer, learning_rate
+from nmt.train.runtime import Runtime, compile_for_training, setup_runtime
+from nmt.train.update import Learner, train_step
 
-RESULTS = results_file.RESULTS
 SECTION = "## Training throughput"
-GIB = 1024**3
 
 # ---------------------------------------------------------------------------------------------------------
 # Model FLOPs
@@ -102,66 +98,11 @@ def model_flops(cfg: ModelConfig, src_lens: Iterable[int], tgt_lens: Iterable[in
 # Synthetic data
 
 
-@dataclass(frozen=True)
-class LengthModel:
-    """Pair lengths in subwords (stored, without EOS/BOS).
-
-    source ~ round(LogNormal(mu, sigma)) with mu chosen so that the mean is `mean`;
-    target = round(source x ratio x (1 + noise x N(0, 1))); both clipped to [1, max_len].
-    """
-
-    mean: float
-    sigma: float
-    ratio: float
-    noise: float
-    max_len: int = 250
-
-
-# WMT14 en-de with a ~37k joint BPE: about 27 source subwords a sentence with a long tail, German about
-# 10% longer; lengths to 250 (the recipes' clean-corpus limit).
-WMT_LENGTHS = LengthModel(mean=27.0, sigma=0.6, ratio=1.1, noise=0.15)
-# Measured on Multi30k en-de preprocessed with the 8k recipe: mean 14.3 / 14.8 subwords, log-sd 0.32,
-# target/source ratio 1.04 with log-sd 0.18, longest 48 / 52.
-MULTI30K_LENGTHS = LengthModel(mean=14.3, sigma=0.32, ratio=1.04, noise=0.18, max_len=60)
-
-
-def synthetic_lengths(n: int, lengths: LengthModel, seed: int = 0) -> tuple[Tensor, Tensor]:
-    """(source, target) stored lengths of n synthetic pairs, int64 (n,) each."""
-    g = torch.Generator().manual_seed(seed)
-    mu = math.log(lengths.mean) - lengths.sigma**2 / 2  # E[LogNormal(mu, sigma)] = exp(mu + sigma^2 / 2)
-    src = torch.exp(mu + lengths.sigma * torch.randn(n, generator=g, dtype=torch.float64))
-    tgt = src * lengths.ratio * (1 + lengths.noise * torch.randn(n, generator=g, dtype=torch.float64))
-    clip = lambda x: x.round().clamp(1, lengths.max_len).to(torch.int64)  # noqa: E731
-    return clip(src), clip(tgt)
-
-
-class SyntheticPairs:
-    """Pairs with given lengths and random ids, with the interface of nmt.data.binarized.ParallelData
-    that batching reads (`*_ids`, `*_offsets`, `*_lens`).
-
-    Every pair is a window into one shared buffer of random ids, so a large pool costs no memory.
-    """
-
-    BUFFER = 1 << 16
-
-    def __init__(self, src_lens: Tensor, tgt_lens: Tensor, vocab: int, seed: int = 0):
-        self.src_lens, self.tgt_lens = src_lens, tgt_lens
-        g = torch.Generator().manual_seed(seed)
-        self.src_ids = self.tgt_ids = torch.randint(4, vocab, (self.BUFFER,), generator=g)  # above specials
-        i = torch.arange(len(src_lens))
-        longest = int(torch.maximum(src_lens, tgt_lens).max()) if len(i) else 0
-        self.src_offsets = (2 * i * 7919) % (self.BUFFER - longest)  # (N,) where each window starts
-        self.tgt_offsets = ((2 * i + 1) * 7919) % (self.BUFFER - longest)
-
-    def __len__(self) -> int:
-        return len(self.src_lens)
-
-
 def synthetic_data(cfg: Config, lengths: LengthModel, updates: int) -> SyntheticPairs:
     """A pool large enough that length-sorted batches are about as tight as on a real corpus."""
     per_pair = lengths.mean * max(lengths.ratio, 1.0) + 1
     n = max(30_000, int(2 * updates * cfg.train.update_tokens / per_pair))
-    src, tgt = synthetic_lengths(n, lengths, cfg.train.seed)
+    src, tgt = lengths.pairs(n, cfg.train.seed)
     return SyntheticPairs(src, tgt, cfg.data.vocab_size, cfg.train.seed)
 
 
@@ -191,13 +132,6 @@ def matmul_rate(device: torch.device, dtype: torch.dtype, n: int, trials: int = 
     return rates
 
 
-def peak_memory(device: torch.device) -> int:
-    """Bytes: allocated GPU memory high-water mark, or the process's resident-set high-water mark."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-
-
 # ---------------------------------------------------------------------------------------------------------
 # The measurement
 
@@ -221,7 +155,8 @@ def batch_figures(cfg: Config, batch: tuple[Tensor, Tensor, Tensor]) -> tuple[in
 
 
 class Trainer:
-    """The trainer's objects and one update, exactly as nmt.train.train builds and runs them."""
+    """The trainer's objects and one update, built and run as nmt.train.train builds and runs them (one
+    process: no DDP). The rate is the loop's, schedule x cool-down, with the budget counted in steps."""
 
     def __init__(self, cfg: Config, rt: Runtime):
         self.cfg, self.rt = cfg, rt
@@ -229,26 +164,15 @@ class Trainer:
         self.model = Transformer(cfg.model, cfg.data.vocab_size).to(rt.device)
         self.optimizer = build_optimizer(self.model.parameters(), cfg.train)
         self.scaler = torch.amp.GradScaler("cuda") if rt.dtype == torch.float16 else None
-        self.net = torch.compile(self.model, dynamic=True) if cfg.train.compile else self.model
-        self.scale = lr_scale(cfg.model, cfg.train)
+        net = compile_for_training(self.model) if cfg.train.compile else self.model
+        self.learner = Learner(net, self.model, self.optimizer, self.scaler, cfg.train, rt)
         self.step = 0
         self.model.train()
 
     def update(self, update: Update) -> None:
         self.step += 1
-        lr = inverse_sqrt_lr(self.step, self.cfg.model.d_model, self.cfg.train.warmup, self.scale)
-        t = self.cfg.train
-        train_step(
-            self.net,
-            self.model,
-            self.optimizer,
-            self.scaler,
-            update,
-            lr,
-            t.label_smoothing,
-            t.clip_norm,
-            self.rt,
-        )
+        used = (self.step - 1) / self.cfg.train.max_steps  # a step budget, as the loop's budget_used
+        train_step(self.learner, update, learning_rate(self.step, used, self.cfg.model, self.cfg.train))
 
 
 def measure(
@@ -270,7 +194,7 @@ def measure(
     if rt.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(rt.device)
     trainer = Trainer(cfg, rt)
-    accum = accumulation(cfg, rt.world_size)
+    accum = batch_plan(cfg, rt.world_size).accumulation
     plan = update_plan(data, cfg, rt.rank, rt.world_size, 0, 0)
 
     # Batches of the warm-up and timed updates, collated and on the device before the clock starts.
@@ -325,7 +249,7 @@ def measure(
     mid = by_speed[len(by_speed) // 2]
     total_s = sum(w.seconds for w in timed)
     result = {
-        "device": results_file.machine_name(str(rt.device)),
+        "device": common.machine_name(str(rt.device)),
         "device_type": rt.device.type,
         "dtype": str(rt.dtype).removeprefix("torch."),
         "torch": torch.__version__,
@@ -425,94 +349,73 @@ def profile_updates(trainer: Trainer, data, plan, updates: int) -> dict[str, flo
 # Reporting
 
 
-def report_lines(recipe: str, r: dict) -> list[str]:
-    p = r["projection"]
-    lines = [
-        f"{recipe} on {r['device']} ({r['device_type']}, {r['dtype']}, {r['threads']} threads, "
-        f"torch {r['torch']})",
-        f"model: {r['parameters']:,} parameters, vocabulary {r['vocab']}; batches of {r['batch_tokens']} "
-        f"tokens x {r['accumulation']} accumulation",
-        f"timed: {r['updates']} updates in {r['windows']} windows after {r['warmup_updates']} warm-up; "
-        f"median window shown",
-        f"target tokens/s      {r['target_tokens_per_s']:,.0f}  (windows: "
-        + ", ".join(f"{x:,.0f}" for x in r["window_target_tokens_per_s"])
-        + ")",
-        f"source tokens/s      {r['source_tokens_per_s']:,.0f}",
-        f"updates/s            {r['updates_per_s']:.3f}  ({r['target_tokens_per_update']:,.0f} target "
-        f"tokens/update)",
-        f"padding              {100 * r['padding_fraction']:.1f}% of batch slots",
-        f"peak memory          {r['peak_memory_bytes'] / GIB:.2f} GiB ({r['peak_memory_kind']})",
-        f"model FLOP/s         {r['model_flops_per_s'] / 1e12:.3f} T  "
-        f"({r['model_flops_per_update'] / 1e12:.3f} TFLOP/update)",
-        f"matmul rate          {r['matmul_flops_per_s'] / 1e12:.3f} TFLOP/s ({r['matmul']}, measured)",
-        f"MFU                  {100 * r['mfu']:.1f}%",
+def figure_rows(r: dict) -> list[tuple[str, str]]:
+    """The figures as (name, value): the printout's lines and the RESULTS.md table's rows."""
+    p, e2e = r["projection"], r["end_to_end_target_tokens_per_s"]
+    windows = ", ".join(f"{x:,.0f}" for x in r["window_target_tokens_per_s"])
+    return [
+        ("target tokens/s", f"{r['target_tokens_per_s']:,.0f} (median window; windows: {windows})"),
+        ("source tokens/s", f"{r['source_tokens_per_s']:,.0f}"),
+        ("updates/s", f"{r['updates_per_s']:.3f} ({r['target_tokens_per_update']:,.0f} target tokens each)"),
+        ("padding", f"{100 * r['padding_fraction']:.1f}% of batch slots"),
+        ("peak memory", f"{r['peak_memory_bytes'] / GIB:.2f} GiB ({r['peak_memory_kind']})"),
+        (
+            "model FLOP/s",
+            f"{r['model_flops_per_s'] / 1e9:,.1f} G ({r['model_flops_per_update'] / 1e12:.3f} TFLOP/update)",
+        ),
+        ("matmul rate", f"{r['matmul_flops_per_s'] / 1e9:,.1f} GFLOP/s ({r['matmul']}, measured)"),
+        ("MFU", f"{100 * r['mfu']:.1f}%"),
+        (
+            "end to end",
+            f"{e2e:,.0f} target tokens/s (the trainer's background loader; "
+            f"{r['end_to_end_data_wait']:.1%} of the time waiting for data)"
+            if e2e
+            else "not measured",
+        ),
+        (
+            "projected",
+            f"{p['steps'] / 1000:g}k x {p['tokens_per_update'] / 1000:g}k tokens -> {p['hours']:.2f} h on "
+            f"this device ({p['hours_as_batched']:.2f} h at this run's tokens/update)",
+        ),
+        *((f"profile: {name}", f"{100 * share:.1f}%") for name, share in r.get("profile", {}).items()),
     ]
-    if r["end_to_end_target_tokens_per_s"] is not None:
-        lines.append(
-            f"end to end           {r['end_to_end_target_tokens_per_s']:,.0f} target tokens/s "
-            f"(the trainer's background loader; {r['end_to_end_data_wait']:.1%} of the time waiting for data)"
-        )
-    lines.append(
-        f"projected: {p['steps'] / 1000:g}k x {p['tokens_per_update'] / 1000:g}k tokens -> "
-        f"{p['hours']:.2f} h on this device ({p['hours_as_batched']:.2f} h at this run's "
-        f"{r['target_tokens_per_update']:,.0f} tokens/update)"
-    )
-    for name, share in r.get("profile", {}).items():
-        lines.append(f"profile  {100 * share:5.1f}%  {name}")
-    return lines
+
+
+def about(r: dict) -> list[str]:
+    """Where and what ran: device, model, batches, timing."""
+    return [
+        f"device: {r['device']} ({r['device_type']}, {r['dtype']}), {r['threads']} threads, "
+        f"torch {r['torch']}",
+        f"model: {r['parameters']:,} parameters, vocabulary {r['vocab']}, batches of {r['batch_tokens']} "
+        f"tokens x {r['accumulation']}; {r['updates']} timed updates in {r['windows']} windows after "
+        f"{r['warmup_updates']} warm-up",
+    ]
+
+
+def report_lines(recipe: str, r: dict) -> list[str]:
+    return [recipe, *about(r), *(f"{name:20} {value}" for name, value in figure_rows(r))]
 
 
 def record_entry(
     title: str, command: str, r: dict, notes: Sequence[str] = (), after: Sequence[str] = ()
 ) -> str:
     """A dated Markdown entry: device, command, then the figures as a table and any `after` lines."""
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    p = r["projection"]
-    e2e = r["end_to_end_target_tokens_per_s"]
-    rows = [
-        ("target tokens/s (median window)", f"{r['target_tokens_per_s']:,.0f}"),
-        ("windows", ", ".join(f"{x:,.0f}" for x in r["window_target_tokens_per_s"])),
-        ("source tokens/s", f"{r['source_tokens_per_s']:,.0f}"),
-        ("updates/s", f"{r['updates_per_s']:.3f} ({r['target_tokens_per_update']:,.0f} target tokens each)"),
-        ("padding", f"{100 * r['padding_fraction']:.1f}%"),
-        ("peak memory", f"{r['peak_memory_bytes'] / GIB:.2f} GiB ({r['peak_memory_kind']})"),
-        ("model FLOP/s", f"{r['model_flops_per_s'] / 1e9:,.1f} G"),
-        ("matmul rate", f"{r['matmul_flops_per_s'] / 1e9:,.1f} GFLOP/s ({r['matmul']})"),
-        ("MFU", f"{100 * r['mfu']:.1f}%"),
-        (
-            "end to end (background loader)",
-            f"{e2e:,.0f} target tokens/s, {r['end_to_end_data_wait']:.1%} of the time waiting for data"
-            if e2e
-            else "not measured",
-        ),
-        (
-            "projected",
-            f"{p['steps'] / 1000:g}k x {p['tokens_per_update'] / 1000:g}k tokens -> {p['hours']:.1f} h",
-        ),
-    ]
-    out = [
-        f"### {now}: {title}",
-        "",
-        f"- device: {r['device']} ({r['device_type']}, {r['dtype']}), {r['threads']} threads, "
-        f"torch {r['torch']}",
-        f"- command: `{command}`",
-        f"- model: {r['parameters']:,} parameters, vocabulary {r['vocab']}, batches of {r['batch_tokens']} "
-        f"tokens x {r['accumulation']}; {r['updates']} timed updates in {r['windows']} windows after "
-        f"{r['warmup_updates']} warm-up",
-        f"- data: {r['data']}",
-        *notes,
-        "",
-        "| figure | value |",
-        "| --- | --- |",
-        *(f"| {k} | {v} |" for k, v in rows),
-        *(["", *after] if after else []),
-        "",
-    ]
-    return "\n".join(out)
+    return "\n".join(
+        [
+            f"### {common.now()}: {title}",
+            "",
+            *(f"- {line}" for line in [*about(r), f"command: `{command}`", f"data: {r['data']}"]),
+            *notes,
+            "",
+            *common.markdown_table(["figure", "value"], figure_rows(r)),
+            *(["", *after] if after else []),
+            "",
+        ]
+    )
 
 
 def record(entry: str, path: Path = RESULTS) -> None:
-    results_file.record(entry, SECTION, path)
+    common.record(entry, SECTION, path)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -563,13 +466,6 @@ def run(recipe: str, args: argparse.Namespace, lengths: LengthModel, extra_overr
     return cfg, figures
 
 
-def command_line(script: str, argv: Sequence[str] | None) -> str:
-    """The command that reproduces this run (argv None: this process's own arguments)."""
-    return shlex.join(
-        ["python", f"benchmarks/{Path(script).name}", *(sys.argv[1:] if argv is None else argv)]
-    )
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     p = parser()
     p.add_argument("recipe", help="a recipe name (wmt14-en-de-base) or YAML path")
@@ -586,7 +482,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\n".join(report_lines(args.recipe, figures)))
     if args.record:
         title = f"{Path(args.recipe).stem}, {figures['device_type']} {figures['dtype']}"
-        record(record_entry(title, command_line(__file__, argv), figures), args.results)
+        record(record_entry(title, common.command_line(__file__, argv), figures), args.results)
     return 0
 
 

@@ -38,14 +38,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
-import itertools
 import json
-import math
 import os
 import random
-import resource
-import shlex
 import statistics
 import subprocess
 import sys
@@ -54,80 +49,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import results_file  # benchmarks/results_file.py: these scripts run with benchmarks/ on sys.path
+import common  # benchmarks/common.py: these scripts run with benchmarks/ on sys.path
+from common import MIB, NEWSTEST_WORDS, RESULTS, SyntheticText, max_rss, random_model
 
-RESULTS = results_file.RESULTS
 SECTION = "## Translation speed"
-MIB = 1024**2
 CPU_ENGINES = [("nmt", "fp32"), ("ctranslate2", "float32"), ("ctranslate2", "int8")]
 GPU_ENGINES = [("nmt", "bf16"), ("ctranslate2", "float16"), ("ctranslate2", "bfloat16")]
-NEWSTEST_WORDS = (25.0, 14.0)  # mean and standard deviation of words per sentence
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Synthetic text and the random-weights model
-
-
-def lognormal_params(mean: float, sd: float) -> tuple[float, float]:
-    """mu, sigma of the log-normal with this mean and standard deviation."""
-    sigma2 = math.log(1 + (sd / mean) ** 2)
-    return math.log(mean) - sigma2 / 2, math.sqrt(sigma2)
-
-
-def sentence_lengths(rng: random.Random, n: int, mean: float, sd: float, high: int = 120) -> list[int]:
-    mu, sigma = lognormal_params(mean, sd)
-    return [min(high, max(1, round(rng.lognormvariate(mu, sigma)))) for _ in range(n)]
-
-
-def made_up_words(rng: random.Random, n: int) -> list[str]:
-    """n distinct pronounceable words of 1 to 4 syllables."""
-    onsets, vowels = "b c d f g h k l m n p r s t v w z br st tr pl".split(), "a e i o u ai ou".split()
-    words: set[str] = set()
-    while len(words) < n:
-        words.add("".join(rng.choice(onsets) + rng.choice(vowels) for _ in range(rng.randint(1, 4))))
-    return sorted(words)
-
-
-class SyntheticText:
-    """Sentences of made-up words, word frequencies following Zipf's law (frequency ~ 1 / rank)."""
-
-    def __init__(self, seed: int = 0, vocabulary: int = 6000):
-        self.rng = random.Random(seed)
-        self.words = made_up_words(self.rng, vocabulary)
-        self.cum_weights = list(itertools.accumulate(1 / r for r in range(1, vocabulary + 1)))
-
-    def sentences(self, lengths: list[int]) -> list[str]:
-        pick = self.rng.choices
-        return [
-            " ".join(pick(self.words, cum_weights=self.cum_weights, k=n)).capitalize() + "." for n in lengths
-        ]
-
-
-def random_model(workdir: Path, recipe: str = "multi30k-en-de") -> Path:
-    """A checkpoint of the recipe's model with random weights and a SentencePiece model of synthetic text."""
-    import torch
-
-    from nmt.checkpoint import save_checkpoint
-    from nmt.config import load_config
-    from nmt.data.subword import Subword, train_subword
-    from nmt.model import Transformer
-
-    cfg = load_config(recipe, [])
-    text = SyntheticText(seed=1)
-    corpus = workdir / "spm-train.txt"
-    corpus.write_text("\n".join(text.sentences(sentence_lengths(text.rng, 20000, 12, 6))) + "\n")
-    subword = Subword.load(train_subword([corpus], workdir / "spm", cfg.data))
-    torch.manual_seed(1)
-    model = Transformer(cfg.model, subword.vocab_size)
-    path = workdir / "random.pt"
-    save_checkpoint(
-        path,
-        model_state=model.state_dict(),
-        config=cfg,
-        subword_proto=subword.proto,
-        vocab_size=subword.vocab_size,
-    )
-    return path
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -181,10 +108,6 @@ def worker() -> None:
         else:
             send({"rss_peak": max_rss()})
             return
-
-
-def max_rss() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
 def send(message: dict) -> None:
@@ -294,15 +217,10 @@ def table_rows(results: list[Result]) -> list[list[str]]:
 HEADER = ["engine", "tgt tok/s", "sent/s", "speed-up (min-max)", "latency ms", "RSS MiB", "Δ MiB", "same"]
 
 
-def record(entry: str, path: Path = RESULTS) -> None:
-    results_file.record(entry, SECTION, path)
-
-
 def record_entry(results: list[Result], about: dict) -> str:
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return "\n".join(
         [
-            f"### {now}: {about['model']}, {about['device']}",
+            f"### {common.now()}: {about['model']}, {about['device']}",
             "",
             f"- machine: {about['machine']}, threads: {about['threads']}; torch {about['torch']}, "
             f"ctranslate2 {about['ctranslate2']}",
@@ -313,9 +231,7 @@ def record_entry(results: list[Result], about: dict) -> str:
             f"- {about['repeats']} repetitions, round-robin; latency: {about['latency_lines']} sentences "
             "one at a time; speed-up and latency are medians",
             "",
-            "| " + " | ".join(HEADER) + " |",
-            "| " + " | ".join("---" for _ in HEADER) + " |",
-            *("| " + " | ".join(row) + " |" for row in table_rows(results)),
+            *common.markdown_table(HEADER, table_rows(results)),
             "",
         ]
     )
@@ -381,8 +297,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
             lines = lines[: args.lines] if args.lines else lines
             input_about = f"{args.input} ({len(lines)} lines)"
         else:
-            text = SyntheticText(seed=2)
-            lines = text.sentences(sentence_lengths(text.rng, args.lines or 300, *NEWSTEST_WORDS))
+            lines = SyntheticText(seed=2).lines(args.lines or 300, NEWSTEST_WORDS)
             input_about = (
                 f"{len(lines)} synthetic sentences, words per sentence log-normal with newstest2014's "
                 f"mean 25 and sd 14 (here: mean {statistics.mean(map(len, map(str.split, lines))):.1f})"
@@ -409,13 +324,11 @@ def main(argv: list[str] | None = None) -> list[Result]:
         f"d_ff {cfg.d_ff}, {cfg.heads} heads, vocabulary {ckpt.vocab_size}, {params:,} parameters"
         + (" (random weights: outputs run to the length limit)" if random_weights else ""),
         "device": args.device,
-        "machine": results_file.machine_name(args.device),
+        "machine": common.machine_name(args.device),
         "threads": args.threads,
         "torch": torch.__version__,
         "ctranslate2": ctranslate2.__version__,
-        "command": shlex.join(
-            ["python", "benchmarks/translate_speed.py", *(argv if argv is not None else sys.argv[1:])]
-        ),
+        "command": common.command_line(__file__, argv),
         "input": input_about,
         "decoding": f"beam {decode.beam}, lenpen {decode.lenpen}, max length {decode.max_len_a:g} x |x| + "
         f"{decode.max_len_b}, batch budget {decode.batch_tokens} tokens (sentences x beam x longest source)",
@@ -432,7 +345,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
     for key in ("machine", "model_detail", "input", "decoding"):
         out.print(f"{key}: {about[key]}", highlight=False)
     if args.record:
-        record(record_entry(results, about), args.results)
+        common.record(record_entry(results, about), SECTION, args.results)
         console.print(f"recorded in {args.results}")
     return results
 

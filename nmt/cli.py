@@ -244,9 +244,11 @@ def translate(
             help="Tokens a translation has at least before it may end (0 allows empty). Default: 1."
         ),
     ] = None,
-    max_tokens: Annotated[
+    batch_tokens: Annotated[
         int | None,
-        typer.Option(help="Batch budget: sentences x beam x longest source. Default: the recipe's."),
+        typer.Option(
+            "--max-tokens", help="Batch budget: sentences x beam x longest source. Default: the recipe's."
+        ),
     ] = None,
     nbest: Annotated[
         int | None,
@@ -305,28 +307,30 @@ def translate(
       nmt translate -m model.pt -i mono.de --sampling --sampling-topk 10 --seed 1   # back-translation
       nmt translate -m model.pt -i in.en --prefix starts.de --no-repeat-ngram-size 3
     """
+    from nmt.config import DecodeOverrides
     from nmt.translate import translate_stream
 
-    given = {
-        "beam": beam,
-        "lenpen": lenpen,
-        "max_len_a": max_len_a,
-        "max_len_b": max_len_b,
-        "min_len": min_len,
-        "batch_tokens": max_tokens,
-        "nbest": nbest,
-        "no_repeat_ngram_size": no_repeat_ngram_size,
-        "sampling": sampling,
-        "sampling_topk": sampling_topk,
-        "sampling_topp": sampling_topp,
-        "temperature": temperature,
-        "seed": seed,
-    }
+    overrides = DecodeOverrides.given(
+        {"batch_tokens": "--max-tokens"},
+        beam=beam,
+        lenpen=lenpen,
+        max_len_a=max_len_a,
+        max_len_b=max_len_b,
+        min_len=min_len,
+        batch_tokens=batch_tokens,
+        nbest=nbest,
+        no_repeat_ngram_size=no_repeat_ngram_size,
+        sampling=sampling,
+        sampling_topk=sampling_topk,
+        sampling_topp=sampling_topp,
+        temperature=temperature,
+        seed=seed,
+    )
     translate_stream(
         model,
         input=input,
         output=output,
-        decode_options={k: v for k, v in given.items() if v is not None},
+        overrides=overrides,
         device=device,
         dtype=dtype,
         interactive=interactive,
@@ -367,10 +371,11 @@ def serve(
       curl -s localhost:5000/translate -H 'Content-Type: application/json' \\
         -d '{"q": "A dog runs.", "source": "en", "target": "de"}'
     """
+    from nmt.config import DecodeOverrides
     from nmt.serve import serve as run_serve
 
-    options = {k: v for k, v in {"beam": beam, "lenpen": lenpen}.items() if v is not None}
-    run_serve(model, host, port, max_batch_tokens, batch_wait_ms, max_chars, options, device, dtype, err)
+    overrides = DecodeOverrides.given(beam=beam, lenpen=lenpen)
+    run_serve(model, host, port, max_batch_tokens, batch_wait_ms, max_chars, overrides, device, dtype, err)
 
 
 @app.command()

@@ -140,6 +140,43 @@ class Config:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 
 
+@dataclass(frozen=True)
+class DecodeOverrides:
+    """Decode settings given on a command line (or in a request), to apply over a model's own.
+
+    A model's decode section comes with its checkpoint, so options can only be applied once it is read:
+    `apply` checks them by the same rules as a recipe's decode section, and an error names the option as
+    the user typed it (`flags`: field -> option; by default `--field-name`).
+    """
+
+    values: dict[str, Any] = field(default_factory=dict)  # by DecodeConfig field; only those given
+    flags: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def given(cls, flags: dict[str, str] | None = None, **values: Any) -> DecodeOverrides:
+        """The options that were given (not None), e.g. `DecodeOverrides.given(beam=beam, lenpen=None)`."""
+        return cls({k: v for k, v in values.items() if v is not None}, dict(flags or {}))
+
+    def flag(self, name: str) -> str:
+        return self.flags.get(name, "--" + name.replace("_", "-"))
+
+    def apply(self, base: DecodeConfig, source: str) -> DecodeConfig:
+        hints = typing.get_type_hints(DecodeConfig)
+        values = {}
+        for name, value in self.values.items():
+            if name not in hints:
+                raise ConfigError(f"{source}: unknown decode setting {self.flag(name)}")
+            values[name] = _coerce(hints[name], value, source, self.flag(name))
+        decode = dataclasses.replace(base, **values)
+
+        def need(ok: bool, name: str, why: str) -> None:
+            if not ok:
+                raise ConfigError(f"{source}: {self.flag(name)}: {why}")
+
+        _check_decode(decode, need, self.flag)
+        return decode
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Loading
 
@@ -302,18 +339,7 @@ def _check(cfg: Config, source: str, corpora: bool = True) -> None:
         "train.device",
         f"{t.device!r} is not auto, cpu, cuda or cuda:N",
     )
-    need(d.beam >= 1, "decode.beam", "must be at least 1")
-    need(
-        d.nbest >= 1 and (d.sampling or d.nbest <= d.beam),
-        "decode.nbest",
-        "must be between 1 and decode.beam",
-    )
-    need(d.no_repeat_ngram_size >= 0, "decode.no_repeat_ngram_size", "must be 0 or more")
-    need(d.sampling_topk >= 0, "decode.sampling_topk", "must be 0 (no cut) or more")
-    need(0.0 < d.sampling_topp <= 1.0, "decode.sampling_topp", "must be in (0, 1]")
-    need(d.temperature > 0, "decode.temperature", "must be positive")
-    need(d.batch_tokens > 0, "decode.batch_tokens", "must be positive")
-    need(d.min_len >= 0, "decode.min_len", "must be 0 or more")
+    _check_decode(d, lambda ok, name, why: need(ok, f"decode.{name}", why), lambda name: f"decode.{name}")
     need(data.vocab_size >= 16, "data.vocab_size", "must be at least 16")
     need(data.src_lang != data.tgt_lang, "data.tgt_lang", "must differ from data.src_lang")
     need(len(data.train) > 0 or not corpora, "data.train", "names no corpus")
@@ -326,6 +352,28 @@ def _check(cfg: Config, source: str, corpora: bool = True) -> None:
                 f"data.{section}[{i}]",
                 "give either src and tgt files or a sacrebleu test set name",
             )
+
+
+def _check_decode(d: DecodeConfig, need, key) -> None:
+    """The decode rules, for a recipe and for options given on a command line alike; `key` names a field."""
+    need(d.beam >= 1, "beam", f"must be at least 1, got {d.beam}")
+    need(
+        d.nbest >= 1 and (d.sampling or d.nbest <= d.beam),
+        "nbest",
+        f"must be between 1 and {key('beam')} ({d.beam}), got {d.nbest}",
+    )
+    need(d.max_len_a >= 0, "max_len_a", f"must be 0 or more, got {d.max_len_a}")
+    need(d.max_len_b >= 0, "max_len_b", f"must be 0 or more, got {d.max_len_b}")
+    need(d.min_len >= 0, "min_len", f"must be 0 or more, got {d.min_len}")
+    need(d.batch_tokens > 0, "batch_tokens", f"must be positive, got {d.batch_tokens}")
+    need(
+        d.no_repeat_ngram_size >= 0,
+        "no_repeat_ngram_size",
+        f"must be 0 or more, got {d.no_repeat_ngram_size}",
+    )
+    need(d.sampling_topk >= 0, "sampling_topk", f"must be 0 (no cut) or more, got {d.sampling_topk}")
+    need(0.0 < d.sampling_topp <= 1.0, "sampling_topp", f"must be in (0, 1], got {d.sampling_topp}")
+    need(d.temperature > 0, "temperature", f"must be positive, got {d.temperature}")
 
 
 def _join(prefix: str, key: Any) -> str:

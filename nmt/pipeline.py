@@ -19,7 +19,7 @@ from rich.table import Table
 
 from nmt.atomic import write_text
 from nmt.checkpoint import average_checkpoints, last_checkpoints
-from nmt.config import Config
+from nmt.config import Config, DecodeOverrides
 from nmt.data.preprocess import preprocess
 from nmt.device import resolve_device
 from nmt.score import corpus_scores, read_lines
@@ -46,7 +46,7 @@ def run_pipeline(
     console.rule("[bold]4. translate")
     # The same loading and defaults as `nmt translate -m average.pt`, so both give the same lines.
     device = resolve_device(cfg.train.device)
-    translator, _ = load_translator(model_path, {}, str(device), "auto", "torch", console)
+    translator, _ = load_translator(model_path, DecodeOverrides(), str(device), "auto", "torch", console)
     speeds = {}
     for corpus in cfg.data.test:
         speeds[corpus.name] = translate_test_set(cfg, workdir, corpus.name, translator, model_path, console)

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from nmt.config import DecodeOverrides
 from nmt.errors import NmtError
 
 LANGUAGE_NAMES = {"en": "English", "de": "German", "fr": "French", "es": "Spanish", "it": "Italian"}
@@ -258,7 +259,7 @@ def serve(
     max_batch_tokens: int,
     batch_wait_ms: float,
     max_chars: int,
-    decode_options: dict,
+    overrides: DecodeOverrides,
     device: str,
     dtype: str,
     console: Console,
@@ -267,11 +268,16 @@ def serve(
     from nmt.checkpoint import load_checkpoint
     from nmt.translate import load_translator
 
-    if max_batch_tokens < 1 or batch_wait_ms < 0 or max_chars < 1:
-        raise NmtError("--max-batch-tokens and --max-chars must be positive, --batch-wait-ms at least 0")
+    if batch_wait_ms < 0 or max_chars < 1:
+        raise NmtError("--max-chars must be positive, --batch-wait-ms at least 0")
     config = load_checkpoint(Path(model_path)).config
-    options = {"batch_tokens": max_batch_tokens, **decode_options}
-    translator, decode = load_translator(Path(model_path), options, device, dtype, "torch", console)
+    overrides = DecodeOverrides(
+        {**overrides.values, "batch_tokens": max_batch_tokens},
+        {**overrides.flags, "batch_tokens": "--max-batch-tokens"},
+    )
+    translator, decode = load_translator(
+        Path(model_path), overrides, device, dtype, "torch", console, "nmt serve"
+    )
     batcher = Batcher(translator, max_batch_tokens, batch_wait_ms)
     service = Service(batcher, config.data.src_lang, config.data.tgt_lang, max_chars, str(model_path))
     try:

@@ -9,12 +9,11 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-import sentencepiece as spm
+from common import train_spm
 
 from nmt.config import Config, config_from_dict
 from nmt.data.binarized import write_split
 from nmt.data.subword import Subword
-from nmt.tokens import BOS, EOS, PAD, UNK
 
 LETTERS = "abcdefghijklmnop"
 
@@ -29,22 +28,9 @@ def reverse(line: str) -> str:
 
 def make_subword(directory: Path) -> Subword:
     """A character-level SentencePiece model over the letters (each word is one piece)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    text = directory / "spm-train.txt"
     rng = random.Random(0)
-    text.write_text("\n".join(sentence(rng) for _ in range(2000)) + "\n")
-    spm.SentencePieceTrainer.train(
-        input=str(text),
-        model_prefix=str(directory / "spm"),
-        model_type="word",
-        vocab_size=len(LETTERS) + 4,
-        pad_id=PAD,
-        unk_id=UNK,
-        bos_id=BOS,
-        eos_id=EOS,
-        minloglevel=2,
-    )
-    return Subword.load(directory / "spm.model")
+    lines = [sentence(rng) for _ in range(2000)]
+    return train_spm(lines, directory / "spm", len(LETTERS) + 4, model_type="word")
 
 
 def make_config(**train_overrides) -> Config:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,8 +14,6 @@ from nmt.config import ModelConfig
 from nmt.model import Transformer
 from nmt.train.loss import label_smoothed_nll
 
-# The benchmarks are scripts, not a package: import them the way `python benchmarks/x.py` would.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 throughput = importlib.import_module("train_throughput")
 speed = importlib.import_module("train_speed")
 
@@ -30,7 +26,7 @@ TINY = [
     "--set=data.vocab_size=100",
     "--set=train.batch_tokens=256",
     "--set=train.update_tokens=512",  # two micro-batches per update
-    "--set=train.compile=false",  # the recipe compiles; a smoke test should not wait for it
+    "--set=train.compile=false",  # explicit: a smoke test should not wait for compilation
     "--updates=2",
     "--warmup-updates=1",
     "--windows=2",
@@ -54,8 +50,14 @@ def test_model_flops_by_hand():
         )
         output = 2 * d * v * t
         flops += 3 * (encoder + decoder + output)
-    assert flops == 3 * (768 + 144 + 640 + 192 + 64 + 96 + 160) + 3 * (256 + 16 + 1280 + 64 + 256 + 64 + 320)
     assert throughput.model_flops(cfg, [3, 1], [2, 4], v) == flops
+    # pair by pair: padding to the longest pair would count (3, 4) and (3, 4)
+    one_by_one = throughput.model_flops(cfg, [3], [2], v) + throughput.model_flops(cfg, [1], [4], v)
+    assert (
+        throughput.model_flops(cfg, [3, 1], [2, 4], v)
+        == one_by_one
+        < throughput.model_flops(cfg, [3, 3], [4, 4], v)
+    )
 
 
 def test_model_flops_equals_torch_count_of_a_real_training_pass():
@@ -72,7 +74,7 @@ def test_model_flops_equals_torch_count_of_a_real_training_pass():
 
 
 def test_synthetic_lengths_follow_the_length_model():
-    src, tgt = throughput.synthetic_lengths(50_000, throughput.WMT_LENGTHS, seed=3)
+    src, tgt = throughput.WMT_LENGTHS.pairs(50_000, seed=3)
     assert abs(src.double().mean().item() - 27.0) < 1.0
     assert abs((tgt.double().mean() / src.double().mean()).item() - 1.1) < 0.05
     assert int(src.min()) >= 1 and int(tgt.max()) <= 250

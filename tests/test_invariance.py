@@ -14,6 +14,8 @@ from typer.testing import CliRunner
 
 from nmt.cli import app
 
+pytestmark = pytest.mark.slow  # trains a Multi30k model through `nmt run`
+
 SMALL = [
     "data.vocab_size=2000",
     "model.encoder_layers=2",

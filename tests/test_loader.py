@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 
 import pytest
 import torch
@@ -69,6 +70,7 @@ def test_the_loader_hands_over_the_plan_in_order_with_its_token_counts(tmp_path)
     data = split(tmp_path, 8000)
     cfg = make_config(batch_tokens=200, update_tokens=400)
     expected = update_plan(data, cfg, 0, 1, 0, 0)
+    start = time.perf_counter()
     with Loader(data, update_plan(data, cfg, 0, 1, 0, 0), torch.device("cpu"), depth=2) as loader:
         for _ in range(25):
             got, planned = next(loader), next(expected)
@@ -80,7 +82,18 @@ def test_the_loader_hands_over_the_plan_in_order_with_its_token_counts(tmp_path)
             assert got.targets == targets == int(got.target_tokens.item())
             real = sum(int((b[0] != PAD).sum()) + int((b[1] != PAD).sum()) for b in got.batches)
             assert got.real == real and got.padded == sum(b[0].numel() + b[1].numel() for b in got.batches)
-        assert loader.wait_seconds >= 0
+        assert 0 < loader.wait_seconds <= time.perf_counter() - start
+
+    def slow_plan():  # a producer slower than the consumer: 50 ms an update
+        for planned in expected:
+            time.sleep(0.05)
+            yield planned
+
+    start = time.perf_counter()
+    with Loader(data, slow_plan(), torch.device("cpu"), depth=2) as loader:
+        for _ in range(4):
+            next(loader)
+        assert 0.15 < loader.wait_seconds <= time.perf_counter() - start
 
 
 def test_the_loader_raises_its_errors_in_the_consumer_and_closes_promptly(tmp_path):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from nmt.config import load_config
-from nmt.data.loader import accumulation, device_batch_tokens
+from nmt.data.loader import batch_plan
 from nmt.model import Transformer, count_parameters
 from nmt.train import dry_run
 
@@ -46,10 +46,10 @@ def test_wmt14_recipe_matches_the_paper(lang, size):
 )
 def test_effective_batch_is_the_recipes_whatever_the_gpu_count(world, accum, per_device):
     cfg = load_config("wmt14-en-de-base")
-    assert accumulation(cfg, world) == accum
-    assert device_batch_tokens(cfg, world) == per_device
-    per_update = device_batch_tokens(cfg, world) * world * accum
-    assert 25_000 <= per_update < 25_000 + world
+    plan = batch_plan(cfg, world)
+    assert (plan.accumulation, plan.device_tokens) == (accum, per_device)
+    assert plan.update_tokens == per_device * world * accum
+    assert 25_000 <= plan.update_tokens < 25_000 + world
 
 
 @pytest.mark.parametrize("lang, size", sorted(PARAMETERS))

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import importlib
-import sys
-from pathlib import Path
 
 import pytest
 
 from nmt.data.binarized import ParallelData
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 rehearsal = importlib.import_module("rehearsal")
 
 

@@ -60,6 +60,7 @@ def fresh_workdir(tmp_path: Path, data: Path, name: str = "run") -> Path:
     return workdir
 
 
+@pytest.mark.slow
 def test_the_reversal_task_is_learned(synthetic_run):
     """The session's shared model (450 updates, well under a minute on 2 cores) reverses sequences."""
     model, _, _ = load_model(synthetic_run / "checkpoints" / "best.pt")
@@ -104,13 +105,15 @@ def killed_and_resumed_equals_straight(tmp_path: Path, data: Path, cfg, env: dic
     assert progress["step"] == cfg.train.max_steps
 
 
+@pytest.mark.slow
 def test_a_killed_run_resumes_to_exactly_the_same_parameters(tmp_path, synthetic):
     killed_and_resumed_equals_straight(tmp_path, synthetic, make_config(max_steps=60, save_every=20))
 
 
+@pytest.mark.slow
 def test_a_compiled_run_with_dropout_resumes_exactly_on_two_threads(tmp_path, synthetic):
-    """The shipped Multi30k recipe compiles; compiled CPU kernels on several threads used to add in
-    whatever order threads finished, and dropout draws random numbers that a resume must restore."""
+    """train.compile: compiled CPU kernels on several threads used to add in whatever order threads
+    finished, and dropout draws random numbers that a resume must restore."""
     cfg = make_config(max_steps=30, save_every=10, compile=True, threads=2)
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dropout=0.1))
     killed_and_resumed_equals_straight(tmp_path, synthetic, cfg, env={**ENV, "OMP_NUM_THREADS": "2"})
@@ -236,6 +239,7 @@ def test_non_finite_losses_are_skipped_then_stop_training(tmp_path, synthetic, m
     assert load_checkpoint(workdir / "checkpoints" / "last.pt").train_state["progress"]["step"] == 5
 
 
+@pytest.mark.slow
 def test_two_ddp_processes_equal_one_process_accumulating(tmp_path, synthetic):
     steps = 6
     cfg = make_config(max_steps=steps, save_every=steps, update_tokens=2048, batch_tokens=1024)
@@ -320,6 +324,7 @@ def step_of(workdir: Path) -> int:
     return load_checkpoint(workdir / "checkpoints" / "last.pt").train_state["progress"]["step"]
 
 
+@pytest.mark.slow
 def test_two_processes_stop_together_on_the_time_budget_then_resume(tmp_path, synthetic):
     # with a cool-down on the clock, whose rate every rank must agree on
     cfg = make_config(
@@ -347,6 +352,7 @@ def test_two_processes_stop_together_on_the_time_budget_then_resume(tmp_path, sy
     assert step_of(workdir) == step + 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rank", [0, 1])
 def test_sigterm_to_one_process_stops_both_within_seconds_then_resume(tmp_path, synthetic, rank):
     cfg = make_config(
@@ -397,23 +403,13 @@ def test_resume_refuses_what_changed_with_one_line_and_exit_2(tmp_path, syntheti
     train(cfg, workdir)
     raw = config_to_dict(make_config(max_steps=20, save_every=10))
     if change == "vocabulary":  # preprocessing redone: a SentencePiece model of other bytes
-        import sentencepiece as spm
+        from common import train_spm
 
         from .synthetic import LETTERS
 
-        text = tmp_path / "other.txt"  # the same letters, other frequencies: other scores, other bytes
-        text.write_text("\n".join(" ".join(LETTERS[: 1 + i % 16]) for i in range(500)) + "\n")
-        spm.SentencePieceTrainer.train(
-            input=str(text),
-            model_prefix=str(data / "spm"),
-            model_type="word",
-            vocab_size=len(LETTERS) + 4,
-            pad_id=0,
-            unk_id=1,
-            bos_id=2,
-            eos_id=3,
-            minloglevel=2,
-        )
+        # the same letters, other frequencies: other scores, other bytes
+        lines = [" ".join(LETTERS[: 1 + i % 16]) for i in range(500)]
+        train_spm(lines, data / "spm", len(LETTERS) + 4, model_type="word")
     else:
         for section, values in change.items():
             raw[section].update(values)
@@ -431,6 +427,7 @@ def test_longer_budgets_resume(tmp_path, synthetic):
     assert load_checkpoint(workdir / "checkpoints" / "last.pt").train_state["progress"]["step"] == 15
 
 
+@pytest.mark.slow
 def test_resume_on_more_processes_maps_the_data_position(tmp_path, synthetic):
     cfg = make_config(max_steps=5, save_every=5, batch_tokens=512, update_tokens=1024)
     workdir = fresh_workdir(tmp_path, synthetic)

@@ -4,22 +4,19 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import select
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import sentencepiece as spm
 import torch
+from common import save_random_model, train_spm
 from typer.testing import CliRunner
 
-from nmt.checkpoint import save_checkpoint
 from nmt.cli import app
 from nmt.config import config_from_dict
-from nmt.data.subword import Subword
-from nmt.model import Transformer
-from nmt.tokens import BOS, EOS, PAD, UNK
 from nmt.translate import Translator, token_batches
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
@@ -45,19 +42,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def checkpoint(tmp_path_factory) -> Path:
     """A tiny random Transformer with a SentencePiece model trained here, saved as `nmt train` would."""
     d = tmp_path_factory.mktemp("model")
-    (d / "text.txt").write_text("\n".join(sentences(3000, 0)) + "\n")
-    spm.SentencePieceTrainer.train(
-        input=str(d / "text.txt"),
-        model_prefix=str(d / "spm"),
-        vocab_size=120,
-        character_coverage=1.0,
-        pad_id=PAD,
-        unk_id=UNK,
-        bos_id=BOS,
-        eos_id=EOS,
-        minloglevel=2,
-    )
-    sub = Subword.load(d / "spm.model")
+    sub = train_spm(sentences(3000, 0), d / "spm", 120, character_coverage=1.0)
     corpus = {"name": "x", "src": {"url": "http://127.0.0.1/x", "sha256": "0" * 64}}
     corpus["tgt"] = corpus["src"]
     cfg = config_from_dict(
@@ -74,13 +59,7 @@ def checkpoint(tmp_path_factory) -> Path:
             "decode": {"beam": 3, "lenpen": 0.6, "max_len_a": 1.0, "max_len_b": 5},
         }
     )
-    torch.manual_seed(0)
-    model = Transformer(cfg.model, sub.vocab_size)
-    path = d / "model.pt"
-    save_checkpoint(
-        path, model_state=model.state_dict(), config=cfg, subword_proto=sub.proto, vocab_size=sub.vocab_size
-    )
-    return path
+    return save_random_model(d / "model.pt", cfg, sub, seed=0)
 
 
 def nmt_translate(*args: str, stdin: bytes) -> subprocess.CompletedProcess:
@@ -344,8 +323,68 @@ def test_no_repeat_ngram_size_through_the_command_line(synthetic_run):
 
 
 @pytest.mark.parametrize(
-    "option, value", [("--temperature", "0"), ("--sampling-topp", "1.5"), ("--no-repeat-ngram-size", "-1")]
+    "option, value",
+    [
+        ("--temperature", "0"),
+        ("--sampling-topp", "1.5"),
+        ("--no-repeat-ngram-size", "-1"),
+        ("--max-len-b", "-100"),  # was accepted and gave empty translations
+        ("--max-len-a", "-1"),
+        ("--max-tokens", "0"),  # the option the user typed, not the recipe key it sets (decode.batch_tokens)
+        ("--beam", "0"),
+        ("--min-len", "-1"),
+    ],
 )
 def test_out_of_range_decoding_options_exit_2(checkpoint, option, value):
     result = nmt_translate("-m", str(checkpoint), option, value, stdin=b"a\n")
-    assert result.returncode == 2 and option.encode() in result.stderr
+    assert result.returncode == 2 and result.stdout == b"", result.stderr
+    (message,) = result.stderr.decode().strip().splitlines()  # one line, no traceback
+    assert f"{option}: " in message and f"got {value}" in message, message
+
+
+def test_decode_overrides_follow_the_recipe_rules():
+    from nmt.config import DecodeConfig, DecodeOverrides
+    from nmt.errors import ConfigError
+
+    base = DecodeConfig(beam=4, lenpen=0.6)
+    got = DecodeOverrides.given({"batch_tokens": "--max-tokens"}, beam=8, lenpen=None, batch_tokens=100)
+    assert got.apply(base, "test") == DecodeConfig(beam=8, lenpen=0.6, batch_tokens=100)
+    with pytest.raises(ConfigError, match=r"--nbest: must be between 1 and --beam \(2\), got 3"):
+        DecodeOverrides.given(beam=2, nbest=3).apply(base, "test")
+    with pytest.raises(ConfigError, match="--max-batch-tokens: must be positive"):
+        DecodeOverrides({"batch_tokens": 0}, {"batch_tokens": "--max-batch-tokens"}).apply(base, "test")
+    with pytest.raises(ConfigError, match="--beam: expected int"):  # a request's JSON is not typed by Typer
+        DecodeOverrides.given(beam="four").apply(base, "test")
+
+
+def test_translating_a_file_into_a_log_prints_lines_done_of_the_total_on_stderr_only(checkpoint, tmp_path):
+    source = tmp_path / "big.en"
+    source.write_text("\n".join(sentences(2500, 7)) + "\n")
+    cmd = [sys.executable, "-m", "nmt", "translate", "-m", str(checkpoint), "-i", str(source), "--beam", "1"]
+    done = subprocess.run(cmd, capture_output=True, env={**ENV, "NMT_PROGRESS_EVERY": "0"}, timeout=120)
+    assert done.returncode == 0, done.stderr.decode()
+    assert len(out_lines(done.stdout)) == 2500 and b"lines/s" not in done.stdout  # translations only
+    err = done.stderr.decode()
+    assert re.search(
+        r"translate big.en: 2,000 of 2,500 lines \(80%\), [\d,]+ lines/s, ETA \d:\d\d:\d\d", err
+    ), err
+    assert "translate big.en: 2,500 of 2,500 lines (100%)" in err, err
+
+
+def test_translating_a_file_on_a_terminal_draws_a_bar_on_stderr(checkpoint, tmp_path, capfdbinary):
+    import io
+
+    from rich.console import Console
+
+    from nmt.config import DecodeOverrides
+    from nmt.translate.frontend import translate_stream
+
+    source, target = tmp_path / "small.en", tmp_path / "small.de"
+    source.write_text("\n".join(sentences(30, 8)) + "\n")
+    screen = io.StringIO()
+    console = Console(file=screen, force_terminal=True, width=120)
+    translate_stream(checkpoint, source, target, DecodeOverrides.given(beam=1), "cpu", "fp32", False, console)
+    drawn = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.getvalue())
+    assert "translate small.en" in drawn and "30/30" in drawn and "lines/s" in drawn, drawn
+    assert len(target.read_text().splitlines()) == 30
+    assert capfdbinary.readouterr().out == b""

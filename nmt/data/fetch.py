@@ -22,9 +22,9 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
 from nmt.errors import DataError
+from nmt.progress import Progress
 
 CHUNK = 1 << 20
 TIMEOUT_S = 60
@@ -110,14 +110,12 @@ def _download(url: str, part: Path, console: Console | None) -> None:
             have = 0
         length = response.headers.get("Content-Length")
         total = have + int(length) if length is not None else None
-        columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
-        progress = Progress(*columns, console=console, transient=True, disable=console is None)
+        progress = Progress(console, f"download {basename(url)}", total, unit="bytes", done=have)
         with progress, open(part, "ab" if resumed else "wb") as out:
-            task = progress.add_task(basename(url), total=total, completed=have)
             try:
                 while chunk := response.read(CHUNK):
                     out.write(chunk)
-                    progress.advance(task, len(chunk))
+                    progress.advance(len(chunk))
             except (http.client.HTTPException, OSError) as e:
                 raise _Interrupted(f"{url}: download interrupted ({e!r}); run again to resume") from None
             size = out.tell()

@@ -72,24 +72,34 @@ def load_data(cfg: Config, workdir: Path) -> TrainData:
 # The plan
 
 
-def accumulation(cfg: Config, world_size: int) -> int:
-    """Micro-batches per update: the fewest that bring train.update_tokens within the device budgets."""
-    return max(1, math.ceil(cfg.train.update_tokens / (cfg.train.batch_tokens * world_size)))
+@dataclass(frozen=True)
+class BatchPlan:
+    """How an update of train.update_tokens is cut on this many devices, derived once from the recipe."""
+
+    device_tokens: int  # token budget of one micro-batch on one device
+    accumulation: int  # micro-batches per update on each device
+    world_size: int
+
+    @property
+    def update_tokens(self) -> int:
+        return self.device_tokens * self.world_size * self.accumulation
 
 
-def device_batch_tokens(cfg: Config, world_size: int) -> int:
-    """Token budget of one micro-batch on one device: train.batch_tokens at most, less when there are so
-    many devices that full budgets would overshoot train.update_tokens. So an update holds about
-    update_tokens whatever the GPU count (the paper's batch is a property of the recipe, not the machine)."""
-    per_device = math.ceil(cfg.train.update_tokens / (world_size * accumulation(cfg, world_size)))
-    return min(cfg.train.batch_tokens, per_device)
+def batch_plan(cfg: Config, world_size: int) -> BatchPlan:
+    """The fewest micro-batches per update that bring train.update_tokens within the device budgets, and
+    a per-device budget of train.batch_tokens at most, less when there are so many devices that full
+    budgets would overshoot train.update_tokens. So an update holds about update_tokens whatever the GPU
+    count (the paper's batch is a property of the recipe, not the machine)."""
+    t = cfg.train
+    accum = max(1, math.ceil(t.update_tokens / (t.batch_tokens * world_size)))
+    per_device = min(t.batch_tokens, math.ceil(t.update_tokens / (world_size * accum)))
+    return BatchPlan(per_device, accum, world_size)
 
 
 def shard(data: ParallelData, cfg: Config, epoch: int, rank: int, world_size: int) -> list[Tensor]:
     """This rank's batches of an epoch, in training order (every rank gets the same number)."""
-    batches = epoch_batches(
-        data.src_lens, data.tgt_lens, device_batch_tokens(cfg, world_size), cfg.train.seed, epoch, world_size
-    )
+    budget = batch_plan(cfg, world_size).device_tokens
+    batches = epoch_batches(data.src_lens, data.tgt_lens, budget, cfg.train.seed, epoch, world_size)
     if not batches:
         raise DataError("the training data holds fewer batches than there are processes")
     return batches[rank::world_size]
@@ -106,7 +116,7 @@ def update_plan(
     data: ParallelData, cfg: Config, rank: int, world_size: int, epoch: int, cursor: int
 ) -> Iterator[PlannedUpdate]:
     """Endless stream of this rank's updates from the position (epoch, cursor) on."""
-    accum = accumulation(cfg, world_size)
+    accum = batch_plan(cfg, world_size).accumulation
     while True:
         batches = shard(data, cfg, epoch, rank, world_size)
         while cursor < len(batches):

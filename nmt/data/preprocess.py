@@ -34,10 +34,12 @@ from nmt.data.clean import REASONS, clean_pairs, open_text, read_pairs
 from nmt.data.corpora import corpus_text
 from nmt.data.subword import Subword, train_subword
 from nmt.finetune import init_subword, subword_sha256
+from nmt.progress import Progress, count_lines
 
 STEPS = ("text", "subword", "binarize")
 FORMAT = 1  # bump when the outputs change meaning, so old work directories are redone
 ENCODE_CHUNK = 20_000
+PROGRESS_LINES = 10_000  # lines between two updates of the progress display
 PERCENTILES = (50, 90, 95, 99, 100)
 SUBWORD_KEYS = (
     "vocab_size",
@@ -78,7 +80,7 @@ def preprocess(
             info = {"model": str(model)}
         else:
             text_info = _marker(out, "text")["info"]
-            info = binarize(data, out, text_info)
+            info = binarize(data, out, text_info, console)
             _write_json(out / "stats.json", info)
             _print_stats(info, data, console)
         _write_json(out / ".done" / f"{step}.json", {"fingerprint": fingerprint, "info": info})
@@ -113,13 +115,15 @@ def write_text(data: DataConfig, out: Path, *, mirror: str | None, console: Cons
     with fs, ft:
         for text in texts["train"]:
             console.print(f"cleaning {text.name}", highlight=False)
-            seen = _Counted(read_pairs(text.src, text.tgt))
+            progress = Progress(console, f"clean {text.name}", count_lines(text.src))
+            seen = _Counted(read_pairs(text.src, text.tgt), progress)
             dropped = dict.fromkeys(REASONS, 0)
             kept = 0
-            for s, t in clean_pairs(seen, data, dropped):
-                fs.write(s + "\n")
-                ft.write(t + "\n")
-                kept += 1
+            with progress:
+                for s, t in clean_pairs(seen, data, dropped):
+                    fs.write(s + "\n")
+                    ft.write(t + "\n")
+                    kept += 1
             train["corpora"][text.name] = {"lines": seen.n, "kept": kept, "dropped": dropped}
     valid_lines = 0
     fs, ft = writers((out / f"valid.{data.src_lang}", out / f"valid.{data.tgt_lang}"))
@@ -143,16 +147,16 @@ def write_text(data: DataConfig, out: Path, *, mirror: str | None, console: Cons
     return {"train": train, "valid": {"lines": valid_lines}, "test": test}
 
 
-def binarize(data: DataConfig, out: Path, text_info: dict) -> dict:
+def binarize(data: DataConfig, out: Path, text_info: dict, console: Console | None = None) -> dict:
     """Encode the cleaned training text and the validation text; returns the statistics."""
     sub = Subword.load(out / "spm.model")
     train = dict(text_info["train"])
     dropped = {r: sum(c["dropped"][r] for c in train["corpora"].values()) for r in REASONS}
     lengths = (Counter(), Counter())
 
-    def kept_pairs() -> Iterator[tuple[list[int], list[int]]]:
+    def kept_pairs(progress: Progress) -> Iterator[tuple[list[int], list[int]]]:
         dropped["too_many_subwords"] = 0
-        for src, tgt in _encoded(sub, _clean(out, data.src_lang), _clean(out, data.tgt_lang)):
+        for src, tgt in _encoded(sub, _clean(out, data.src_lang), _clean(out, data.tgt_lang), progress):
             if len(src) > data.max_subwords or len(tgt) > data.max_subwords:
                 dropped["too_many_subwords"] += 1
                 continue
@@ -160,7 +164,9 @@ def binarize(data: DataConfig, out: Path, text_info: dict) -> dict:
             lengths[1][len(tgt)] += 1
             yield src, tgt
 
-    n_train = _write_pairs(out / "train", kept_pairs(), sub.vocab_size)
+    kept = sum(c["kept"] for c in train["corpora"].values())
+    with Progress(console, "encode and binarize train", kept) as progress:
+        n_train = _write_pairs(out / "train", kept_pairs(progress), sub.vocab_size)
     train.update(
         lines=sum(c["lines"] for c in train["corpora"].values()),
         kept=n_train,
@@ -169,13 +175,15 @@ def binarize(data: DataConfig, out: Path, text_info: dict) -> dict:
     )
     valid_lengths = (Counter(), Counter())
 
-    def valid_pairs() -> Iterator[tuple[list[int], list[int]]]:
-        for src, tgt in _encoded(sub, out / f"valid.{data.src_lang}", out / f"valid.{data.tgt_lang}"):
+    def valid_pairs(progress: Progress) -> Iterator[tuple[list[int], list[int]]]:
+        valid = (out / f"valid.{data.src_lang}", out / f"valid.{data.tgt_lang}")
+        for src, tgt in _encoded(sub, *valid, progress):
             valid_lengths[0][len(src)] += 1
             valid_lengths[1][len(tgt)] += 1
             yield src, tgt
 
-    n_valid = _write_pairs(out / "valid", valid_pairs(), sub.vocab_size)
+    with Progress(console, "encode and binarize valid", text_info["valid"]["lines"]) as progress:
+        n_valid = _write_pairs(out / "valid", valid_pairs(progress), sub.vocab_size)
     return {
         "src_lang": data.src_lang,
         "tgt_lang": data.tgt_lang,
@@ -192,24 +200,28 @@ def binarize(data: DataConfig, out: Path, text_info: dict) -> dict:
 
 
 class _Counted:
-    """Pass items through, counting them."""
+    """Pass items through, counting them, and telling `progress` every PROGRESS_LINES items."""
 
-    def __init__(self, items: Iterator):
-        self.items, self.n = items, 0
+    def __init__(self, items: Iterator, progress: Progress):
+        self.items, self.n, self.progress = items, 0, progress
 
     def __iter__(self):
         for item in self.items:
             self.n += 1
+            if self.n % PROGRESS_LINES == 0:
+                self.progress.advance(PROGRESS_LINES)
             yield item
+        self.progress.advance(self.n % PROGRESS_LINES)
 
 
-def _encoded(sub: Subword, src: Path, tgt: Path) -> Iterator[tuple[list[int], list[int]]]:
+def _encoded(sub: Subword, src: Path, tgt: Path, progress: Progress) -> Iterator[tuple[list[int], list[int]]]:
     """Subword ids of aligned files, encoded in chunks so SentencePiece can batch (and thread) them."""
     pairs = read_pairs(src, tgt)
     while chunk := list(itertools.islice(pairs, ENCODE_CHUNK)):
         yield from zip(
             sub.encode([s for s, _ in chunk]), sub.encode_target([t for _, t in chunk]), strict=True
         )
+        progress.advance(len(chunk))
 
 
 def _write_pairs(prefix: Path, pairs: Iterator[tuple[list[int], list[int]]], vocab_size: int) -> int:

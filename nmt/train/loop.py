@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 import time
 from pathlib import Path
 
@@ -21,15 +20,15 @@ import torch.distributed as dist
 from rich.console import Console
 
 from nmt.config import Config
-from nmt.data.loader import Loader, accumulation, device_batch_tokens, load_data, update_plan
+from nmt.data.loader import Loader, batch_plan, load_data, update_plan
 from nmt.errors import Interrupted, NmtError
 from nmt.model import Transformer, count_parameters
 from nmt.train.monitor import MetricsLog, ProgressDisplay, TrainMeter
-from nmt.train.optim import build_optimizer, cooldown_factor, inverse_sqrt_lr, lr_scale
+from nmt.train.optim import build_optimizer, learning_rate
 from nmt.train.resume import disk_line, resume, run_facts, save_training_checkpoint
-from nmt.train.runtime import compile_for_training, setup_runtime
+from nmt.train.runtime import check_same_start, compile_for_training, elastic_notes, setup_runtime
 from nmt.train.stopping import StopRequest, agree_to_stop, broadcast_stop, budget_used, finished
-from nmt.train.update import train_step
+from nmt.train.update import Learner, train_step
 from nmt.train.validate import validate
 
 
@@ -47,8 +46,9 @@ def train(cfg: Config, workdir: Path, console: Console | None = None) -> Path:
     optimizer = build_optimizer(model.parameters(), cfg.train)
     scaler = torch.amp.GradScaler("cuda") if rt.dtype == torch.float16 else None
     prog = resume(ckpt_dir, model, optimizer, scaler, cfg, data, rt, log)
+    check_same_start(prog.step, rt)
     facts = run_facts(data, rt)
-    for line in [*summary_lines(cfg, model, rt.world_size), rt.describe(cfg)]:
+    for line in [*summary_lines(cfg, model, rt.world_size), rt.describe(cfg), *elastic_notes()]:
         log.print(line, highlight=False)
     stop_reason = finished(prog, cfg)
     if stop_reason:
@@ -62,7 +62,8 @@ def train(cfg: Config, workdir: Path, console: Console | None = None) -> Path:
     if cfg.train.compile:
         net = compile_for_training(net)
 
-    t, scale = cfg.train, lr_scale(cfg.model, cfg.train)
+    t = cfg.train
+    learner = Learner(net, model, optimizer, scaler, t, rt)
     plan = update_plan(data.train, cfg, rt.rank, rt.world_size, prog.epoch, prog.cursor)
     metrics, meter = MetricsLog(workdir, rt.is_main), TrainMeter(rt)
     last_saved, started = prog.step, time.monotonic() - prog.elapsed
@@ -77,12 +78,9 @@ def train(cfg: Config, workdir: Path, console: Console | None = None) -> Path:
             # 1. the next update's batches (collated ahead by the loader) and its learning rate (eq. 3)
             update = next(loader)
             prog.epoch, prog.cursor = update.epoch, update.cursor
-            lr = inverse_sqrt_lr(prog.step + 1, cfg.model.d_model, t.warmup, scale)
-            lr *= cooldown_factor(used, t.cooldown)
+            lr = learning_rate(prog.step + 1, used, cfg.model, t)
             # 2. forward/backward over its micro-batches, clip and step; a non-finite update is skipped
-            grad_norm, sums = train_step(
-                net, model, optimizer, scaler, update, lr, t.label_smoothing, t.clip_norm, rt
-            )
+            grad_norm, sums = train_step(learner, update, lr)
             if grad_norm is None:
                 if scaler is not None and scaler.get_scale() >= 1.0:
                     continue  # fp16 overflow: the scaler has lowered its scale for the next update
@@ -137,12 +135,11 @@ def train(cfg: Config, workdir: Path, console: Console | None = None) -> Path:
     log.print(f"training stopped at step {prog.step}: {stop_reason}", highlight=False)
     if rt.world_size > 1:
         dist.barrier()
-    if stop_reason.startswith("stopped by SIG"):
-        name = stop_reason.removeprefix("stopped by ")
+    if (sig := stop_reason.signal) is not None:
         raise Interrupted(
-            f"training stopped by {name} at step {prog.step}, {ckpt_dir / 'last.pt'} saved; "
+            f"training stopped by {sig.name} at step {prog.step}, {ckpt_dir / 'last.pt'} saved; "
             "run the same command to resume",
-            signal.Signals[name],
+            sig,
         )
     return best_or_last(ckpt_dir)
 
@@ -158,15 +155,14 @@ def best_or_last(ckpt_dir: Path) -> Path:
 
 def summary_lines(cfg: Config, model: Transformer, world_size: int) -> list[str]:
     t, m = cfg.train, cfg.model
-    accum = accumulation(cfg, world_size)
-    peak = inverse_sqrt_lr(t.warmup, m.d_model, t.warmup, lr_scale(m, t))
-    per_device = device_batch_tokens(cfg, world_size)
+    plan = batch_plan(cfg, world_size)
+    peak = learning_rate(t.warmup, 0.0, m, t)
     return [
         f"parameters: {count_parameters(model):,}",
         f"model: {m.encoder_layers}+{m.decoder_layers} layers, d_model {m.d_model}, d_ff {m.d_ff}, "
         f"{m.heads} heads, dropout {m.dropout}, {m.norm}-norm, vocabulary {model.vocab_size}",
-        f"batch: {per_device} tokens per device x {world_size} device(s) x {accum} "
-        f"accumulation = {per_device * world_size * accum} tokens per update "
+        f"batch: {plan.device_tokens} tokens per device x {world_size} device(s) x {plan.accumulation} "
+        f"accumulation = {plan.update_tokens} tokens per update "
         f"(recipe: {t.update_tokens}; padding included)",
         f"steps: {t.max_steps}" + (f", at most {t.max_minutes:g} minutes" if t.max_minutes else ""),
         f"schedule: inverse square root, warmup {t.warmup}, peak lr {peak:.3g} at step {t.warmup}, "

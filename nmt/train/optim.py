@@ -32,6 +32,14 @@ def lr_scale(model: ModelConfig, train: TrainConfig) -> float:
     return train.peak_lr / inverse_sqrt_lr(train.warmup, model.d_model, train.warmup)
 
 
+def learning_rate(step: int, used: float, model: ModelConfig, train: TrainConfig) -> float:
+    """The rate of update `step` (1-based): the paper's schedule (eq. 3) at the recipe's scale, times the
+    cool-down at `used`, the fraction of the budget spent. The one place the rate is composed: the loop,
+    the summary and the benchmarks all ask here."""
+    schedule = inverse_sqrt_lr(step, model.d_model, train.warmup, lr_scale(model, train))
+    return schedule * cooldown_factor(used, train.cooldown)
+
+
 def build_optimizer(params, train: TrainConfig) -> torch.optim.Optimizer:
     """Adam(beta1=0.9, beta2=0.98, eps=1e-9) as in the paper; AdamW when weight decay is asked for.
 

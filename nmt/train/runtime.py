@@ -64,6 +64,48 @@ def setup_runtime(cfg: Config) -> Runtime:
     return Runtime(device=device, dtype=dtype, rank=rank, world_size=world, local_rank=local)
 
 
+def elastic_notes() -> list[str]:
+    """What this process should log about torchrun's restarts (`--max-restarts`): which one this is, and
+    a warning when the launch cannot recover.
+
+    By default torchrun's c10d rendezvous shares its own TCP store with the workers and keeps it across
+    restarts, unprefixed (pytorch/pytorch#135712): restarted workers then read the addresses that the
+    dead ones published, and gloo fails with "connectFullMesh failed ... Connection refused" (NCCL with
+    a stale unique id) until the restarts run out. TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in the
+    launchers' environment gives each round a store of its own, hosted by the new rank 0.
+    """
+    restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+    if not restarts:
+        return []
+    notes = []
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if restart:
+        notes.append(f"torchrun restart {restart} of at most {restarts} on this node")
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        notes.append(
+            f"[yellow]warning:[/] torchrun --max-restarts {restarts} with its shared store: restarted "
+            "workers can find the dead ones' addresses and fail again; launch with "
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 and --rdzv-backend c10d for restarts that resume"
+        )
+    return notes
+
+
+def check_same_start(step: int, rt: Runtime) -> None:
+    """Every process must resume from the same checkpoint, or they would stop at different updates and
+    wait forever in collectives the others never reach. Nodes that do not share the work directory, or
+    a network file system still showing one node an older last.pt, would do that. One all-reduce."""
+    if rt.world_size == 1:
+        return
+    steps = torch.tensor([step, -step], dtype=torch.int64, device=rt.device)  # max and -min at once
+    dist.all_reduce(steps, op=dist.ReduceOp.MAX)
+    high, low = int(steps[0]), -int(steps[1])
+    if high != low:
+        raise NmtError(
+            f"the processes of this job resume from different steps ({low} to {high}): every node must "
+            "see the same --workdir (a shared file system) so that all read the same checkpoints/last.pt"
+        )
+
+
 def compile_for_training(net):
     """torch.compile for variable batch shapes, computing the same numbers in every run.
 

@@ -8,6 +8,7 @@ process, its own clock) are therefore shared through one tiny all-reduce each up
 from __future__ import annotations
 
 import signal
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -15,6 +16,17 @@ import torch.distributed as dist
 from nmt.config import Config
 from nmt.train.resume import TrainProgress
 from nmt.train.runtime import Runtime
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Why training ended; `signal` is set when a signal ended it, so the run must say it did not finish."""
+
+    why: str
+    signal: signal.Signals | None = None
+
+    def __str__(self) -> str:
+        return self.why
 
 
 class StopRequest:
@@ -35,7 +47,7 @@ class StopRequest:
             signal.signal(s, h)
 
 
-def finished(prog: TrainProgress, cfg: Config, clock: bool = True) -> str | None:
+def finished(prog: TrainProgress, cfg: Config, clock: bool = True) -> Stop | None:
     """Why training is over at this point (budget spent, patience lost), or None to go on.
 
     `clock=False` leaves out the time budget: each rank's clock differs, so in the loop that is decided
@@ -43,11 +55,11 @@ def finished(prog: TrainProgress, cfg: Config, clock: bool = True) -> str | None
     """
     t = cfg.train
     if prog.step >= t.max_steps:
-        return f"reached train.max_steps={t.max_steps}"
+        return Stop(f"reached train.max_steps={t.max_steps}")
     if clock and over_time(prog, cfg):
-        return f"reached train.max_minutes={t.max_minutes:g}"
+        return Stop(f"reached train.max_minutes={t.max_minutes:g}")
     if t.patience and prog.bad_validations >= t.patience:
-        return f"no better validation for {t.patience} validations (early stopping)"
+        return Stop(f"no better validation for {t.patience} validations (early stopping)")
     return None
 
 
@@ -62,7 +74,7 @@ def over_time(prog: TrainProgress, cfg: Config) -> bool:
     return bool(cfg.train.max_minutes) and prog.elapsed >= cfg.train.max_minutes * 60
 
 
-def agree_to_stop(signum: int | None, prog: TrainProgress, cfg: Config, rt: Runtime) -> str | None:
+def agree_to_stop(signum: int | None, prog: TrainProgress, cfg: Config, rt: Runtime) -> Stop | None:
     """The reasons to stop that one rank alone can see, shared by all: a signal (schedulers send SIGTERM
     to one process or to all) and the time budget on its own clock. One tiny all-reduce an update.
 
@@ -75,12 +87,13 @@ def agree_to_stop(signum: int | None, prog: TrainProgress, cfg: Config, rt: Runt
         dist.all_reduce(shared, op=dist.ReduceOp.MAX)
         sigint, sigterm, prog.elapsed = shared[0] > 0, shared[1] > 0, shared[2].item()
     if sigterm or sigint:
-        return f"stopped by {'SIGTERM' if sigterm else 'SIGINT'}"
-    return f"reached train.max_minutes={cfg.train.max_minutes:g}" if over_time(prog, cfg) else None
+        sig = signal.SIGTERM if sigterm else signal.SIGINT
+        return Stop(f"stopped by {sig.name}", sig)
+    return Stop(f"reached train.max_minutes={cfg.train.max_minutes:g}") if over_time(prog, cfg) else None
 
 
-def broadcast_stop(reason: str | None, rt: Runtime) -> str | None:
+def broadcast_stop(reason: Stop | None, rt: Runtime) -> Stop | None:
     """Rank 0 decides early stopping; every rank must leave the loop at the same update."""
     flag = torch.tensor([1.0 if reason else 0.0], device=rt.device)
     dist.broadcast(flag, src=0)
-    return reason or ("early stopping (rank 0)" if flag.item() else None)
+    return reason or (Stop("early stopping (rank 0)") if flag.item() else None)

@@ -9,30 +9,41 @@ from __future__ import annotations
 
 import contextlib
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from nmt.config import TrainConfig
 from nmt.data.loader import Update
 from nmt.tokens import PAD
 from nmt.train.loss import projected_label_smoothed_nll
 from nmt.train.runtime import Runtime
 
 
-def train_step(
-    net,
-    model,
-    optimizer,
-    scaler,
-    update: Update,
-    lr: float,
-    label_smoothing: float,
-    clip_norm: float,
-    rt: Runtime,
-) -> tuple[Tensor | None, Tensor]:
-    """Run one update; returns (the gradient norm, or None when it was not finite and the update was
-    skipped; the summed (loss, nll) of its target tokens, on the device)."""
+@dataclass(frozen=True)
+class Learner:
+    """What every update works on, built once by the loop (and by the throughput benchmark)."""
+
+    net: torch.nn.Module  # what runs forward: the model, or its DDP and/or compiled wrapper
+    model: torch.nn.Module  # the parameters themselves (the Transformer)
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler | None  # fp16 only
+    train: TrainConfig  # label smoothing, clipping
+    rt: Runtime
+
+
+def train_step(learner: Learner, update: Update, lr: float) -> tuple[Tensor | None, Tensor]:
+    """Run one update at rate `lr`; returns (the gradient norm, or None when it was not finite and the
+    update was skipped; the summed (loss, nll) of its target tokens, on the device)."""
+    net, model, optimizer, scaler, rt = (
+        learner.net,
+        learner.model,
+        learner.optimizer,
+        learner.scaler,
+        learner.rt,
+    )
     for group in optimizer.param_groups:
         group["lr"] = lr
     # The loss is normalised by the target tokens of the whole update on all ranks, so the gradients
@@ -42,10 +53,11 @@ def train_step(
         total = total.clone()
         dist.all_reduce(total)
     norm = rt.world_size / total
+    smoothing = learner.train.label_smoothing
     sums = forward_backward(
-        net, model.output_weight, update.batches, norm, label_smoothing, rt, scaler, model.output_bias
+        net, model.output_weight, update.batches, norm, smoothing, rt, scaler, model.output_bias
     )
-    return optimizer_step(model, optimizer, scaler, clip_norm), sums
+    return optimizer_step(model, optimizer, scaler, learner.train.clip_norm), sums
 
 
 def forward_backward(

@@ -10,7 +10,6 @@ translation becomes a space, so every translation is exactly one line. Warnings 
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 import time
@@ -21,9 +20,10 @@ from typing import BinaryIO
 import torch
 from rich.console import Console
 
-from nmt.config import DecodeConfig
+from nmt.config import DecodeConfig, DecodeOverrides
 from nmt.device import inference_dtype, resolve_device
 from nmt.errors import NmtError
+from nmt.progress import Progress, count_lines
 from nmt.translate.torch_engine import TorchEngine
 
 CHUNK_LINES = 2000  # lines read, sorted and batched together; their translations are flushed together
@@ -188,7 +188,13 @@ def format_lines(nbest: list[list[tuple[str, float]]], first_index: int, scored:
 
 
 def load_translator(
-    model_path: Path | list[Path], decode_options: dict, device: str, dtype: str, engine: str, console
+    model_path: Path | list[Path],
+    overrides: DecodeOverrides,
+    device: str,
+    dtype: str,
+    engine: str,
+    console,
+    source: str = "nmt translate",
 ):
     """The engine's translator and its decode settings: the checkpoint's, overridden by the given options.
 
@@ -207,7 +213,7 @@ def load_translator(
             raise NmtError(
                 f"--engine ctranslate2 is not available ({e}); pip install 'nmt[ctranslate2]'"
             ) from None
-        decode = check_decode(dataclasses.replace(exported_decode(paths[0]), **decode_options))
+        decode = overrides.apply(exported_decode(paths[0]), source)
         return ctranslate2_translator(paths[0], decode, str(torch_device), console=console), decode
     if engine != "torch":
         raise NmtError(f"--engine {engine}: expected torch or ctranslate2")
@@ -223,34 +229,15 @@ def load_translator(
         from nmt.translate.ensemble import Ensemble
 
         model = Ensemble([m for m, _, _ in loaded])
-    decode = check_decode(dataclasses.replace(cfg.decode, **decode_options))
+    decode = overrides.apply(cfg.decode, source)
     return Translator(model.to(torch_dtype), subword, decode, torch_device, console), decode
-
-
-def check_decode(d: DecodeConfig) -> DecodeConfig:
-    """The decode settings a command line can get wrong, each named by its option."""
-    if d.beam < 1:
-        raise NmtError(f"--beam {d.beam}: must be at least 1")
-    if d.nbest < 1 or (not d.sampling and d.nbest > d.beam):
-        raise NmtError(f"--nbest {d.nbest}: must be between 1 and the beam size ({d.beam}); raise --beam")
-    for option, value, ok in (
-        ("--max-tokens", d.batch_tokens, d.batch_tokens >= 1),
-        ("--min-len", d.min_len, d.min_len >= 0),
-        ("--no-repeat-ngram-size", d.no_repeat_ngram_size, d.no_repeat_ngram_size >= 0),
-        ("--sampling-topk", d.sampling_topk, d.sampling_topk >= 0),
-        ("--sampling-topp", d.sampling_topp, 0.0 < d.sampling_topp <= 1.0),
-        ("--temperature", d.temperature, d.temperature > 0),
-    ):
-        if not ok:
-            raise NmtError(f"{option} {value}: out of range (see nmt translate --help)")
-    return d
 
 
 def translate_stream(
     model_path: Path | list[Path],
     input: Path | None,
     output: Path | None,
-    decode_options: dict,
+    overrides: DecodeOverrides,
     device: str,
     dtype: str,
     interactive: bool,
@@ -263,16 +250,17 @@ def translate_stream(
 
     Reads CHUNK_LINES lines at a time, translates them in length-sorted batches and writes them back in
     input order, flushing after each chunk; from a terminal or with `interactive`, line by line.
-    Decode settings default to the checkpoint's own `decode` section, overridden by `decode_options`.
+    Decode settings default to the checkpoint's own `decode` section, overridden by the options given.
     `scored` (or decode.nbest > 1) switches to the format `index<TAB>score<TAB>text`, index the 0-based
     input line. `prefix` is a file of target prefixes, one per input line.
     """
-    translator, decode = load_translator(model_path, decode_options, device, dtype, engine, console)
+    translator, decode = load_translator(model_path, overrides, device, dtype, engine, console)
     source = open_input(input)
     prefixes = open_input(prefix) if prefix is not None else None
     interactive = interactive or (input is None and sys.stdin.isatty())
     sink = open_output(output)
     start, done = time.perf_counter(), 0
+    progress = translation_progress(input, output, interactive, console)
     try:
         for chunk in read_chunks(source, 1 if interactive else CHUNK_LINES):
             lines = decode_chunk(chunk, done + 1, console)
@@ -285,10 +273,12 @@ def translate_stream(
             sink.write(format_lines(results, done, scored=scored or decode.nbest > 1))
             sink.flush()
             done += len(chunk)
+            progress.advance(len(chunk))
     except BrokenPipeError:  # `nmt translate ... | head`: the reader is gone, nothing left to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush cannot fail
         return
     finally:
+        progress.close()
         for stream in (source, prefixes):
             if stream is not None and stream is not sys.stdin.buffer:
                 stream.close()
@@ -297,6 +287,15 @@ def translate_stream(
     if not interactive:
         seconds = time.perf_counter() - start
         console.print(f"translated {done} lines in {seconds:.1f} s ({done / max(seconds, 1e-9):.1f} lines/s)")
+
+
+def translation_progress(input: Path | None, output: Path | None, interactive: bool, console) -> Progress:
+    """Lines done of the input file's total (of an unknown total from a pipe), on stderr. None when
+    answering line by line, or when the translations go to the terminal the bar would be drawn on."""
+    if interactive or (output is None and sys.stdout.isatty() and console.is_terminal):
+        return Progress(None, "")
+    total = count_lines(input) if input is not None and input.is_file() else None
+    return Progress(console, f"translate {input.name if input is not None else 'stdin'}", total)
 
 
 def read_line(stream: BinaryIO, path: Path, number: int) -> bytes:
