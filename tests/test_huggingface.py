@@ -55,7 +55,7 @@ def marian_folder(
     seed: int,
     weights: str = "safetensors",
     corpus: tuple[list[str], list[str]] | None = None,
-    steps: int = 250,
+    steps: int = 400,
 ) -> Path:
     """An OPUS-MT-shaped folder made by transformers itself: </s> 0, <unk> 1, pieces, <pad> last (also
     the decoder's start token), separate source and target SentencePiece models over one vocab.json, a
@@ -107,14 +107,16 @@ def marian_folder(
     sps = [spm.SentencePieceProcessor(model_file=str(p)) for p in (source_spm, target_spm)]
     pairs = [(ids(s, sps[0]), ids(t, sps[1])) for s, t in zip(src, tgt, strict=True)]
     optimizer = torch.optim.Adam(model.parameters(), lr=0.005)
+    warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 40))
     model.train()
     for step in range(steps):
-        batch = pairs[step * 20 % (len(pairs) - 20) :][:20]
+        batch = pairs[step * 32 % (len(pairs) - 32) :][:32]
         x = torch.nn.utils.rnn.pad_sequence([torch.tensor(s) for s, _ in batch], True, pad)
         y = torch.nn.utils.rnn.pad_sequence([torch.tensor(t) for _, t in batch], True, -100)
         loss = model(input_ids=x, attention_mask=(x != pad).long(), labels=y).loss
         loss.backward()
         optimizer.step()
+        warmup.step()
         optimizer.zero_grad()
     model.eval()
     model.save_pretrained(folder)
