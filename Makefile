@@ -8,7 +8,7 @@ TORCH  ?= torch==2.13.0
 NMT_DATA_MIRROR ?=
 export NMT_DATA_MIRROR
 
-.PHONY: install test lint format demo clean
+.PHONY: install test test-fast lint format demo clean
 
 install: $(VENV)/.installed
 
@@ -29,9 +29,21 @@ format: install
 test: lint
 	$(BIN)/python -m pytest
 
+# The inner loop: every test but those marked slow (multi-minute trainings); about 3 minutes on 2 cores.
+test-fast: install
+	$(BIN)/python -m pytest -m "not slow"
+
 # The whole pipeline on Multi30k EN-DE on the CPU: fetch, preprocess, train, average, translate, score.
 demo: install
 	$(BIN)/nmt run recipes/multi30k-en-de.yaml $(if $(NMT_DATA_MIRROR),--mirror $(NMT_DATA_MIRROR))
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
+
+# The GPU check (benchmarks/gpu_check.py): the CUDA tests and the GPU figures in one report, at most 9
+# minutes on a GPU. It needs no .venv: a bare CUDA machine runs it from the source tree with python3.
+GPU_CHECK_OUT    ?= runs/gpu-check
+GPU_CHECK_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+.PHONY: gpu-check
+gpu-check:
+	PYTHONPATH=. $(GPU_CHECK_PYTHON) benchmarks/gpu_check.py $(GPU_CHECK_OUT) $(GPU_CHECK_ARGS)

@@ -43,21 +43,10 @@ from common import GIB, RESULTS
 SECTION = "## Training speed side by side"
 RECIPE = "multi30k-en-de"
 OVERRIDES = (
-    "model.encoder_layers=3",
-    "model.decoder_layers=3",
-    "model.d_model=256",
-    "model.heads=4",
-    "model.d_ff=1024",
-    "model.norm=post",
-    "model.dropout=0.1",
-    "data.vocab_size=8000",
-    "train.batch_tokens=4096",
-    "train.update_tokens=4096",
-    "train.warmup=1000",
-    "train.peak_lr=0.001",
-    "train.validate_every=1000000",
-    "train.save_every=1000000",
-    "train.log_every=10",
+    *"model.encoder_layers=3 model.decoder_layers=3 model.d_model=256 model.heads=4 model.d_ff=1024".split(),
+    *"model.norm=post model.dropout=0.1 data.vocab_size=8000".split(),
+    *"train.batch_tokens=4096 train.update_tokens=4096 train.warmup=1000 train.peak_lr=0.001".split(),
+    *"train.validate_every=1000000 train.save_every=1000000 train.log_every=10".split(),
 )
 VARIANTS = {
     "fp32": ("train.precision=fp32", "train.compile=false"),

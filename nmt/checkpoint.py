@@ -9,6 +9,7 @@ kill at any moment leaves the previous file intact.
 from __future__ import annotations
 
 import re
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +18,8 @@ from torch import Tensor
 
 from nmt.atomic import atomic_write
 from nmt.config import Config, config_from_dict, config_to_dict
-from nmt.errors import CheckpointError, ConfigError
+from nmt.data.subword import Subword
+from nmt.errors import CheckpointError, ConfigError, DataError
 
 FORMAT = "nmt-checkpoint"
 VERSION = 1
@@ -56,13 +58,41 @@ def save_checkpoint(
         torch.save(payload, f)
 
 
+def verify_checkpoint(path: Path) -> None:
+    """Check every entry of the checkpoint's zip against its CRC-32, which torch.load does not.
+
+    torch.save stores each entry uncompressed with its CRC, so damage inside a file (a flipped byte in
+    a tensor) loads as other weights unless the CRCs are checked; this reads the file once more, at
+    zlib's CRC speed, and leaves it in the page cache for the load that follows.
+    """
+    try:
+        with zipfile.ZipFile(path) as archive:
+            damaged = archive.testzip()
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, ValueError, NotImplementedError):
+        damaged = "its zip directory"
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read: {e.strerror or e}") from None
+    if damaged is not None:
+        raise CheckpointError(f"{path}: damaged checkpoint: {damaged} does not match its checksum")
+
+
 def load_checkpoint(path: Path) -> Checkpoint:
+    """Read and check a checkpoint: its checksums, its fields and types, finite weights and a loadable
+    SentencePiece model. Anything wrong is a CheckpointError naming the file and the field."""
     path = Path(path)
+    if path.is_dir():
+        raise CheckpointError(
+            f"{path}: is a directory, not a checkpoint file (a folder from nmt export "
+            "is read with --engine ctranslate2)"
+        )
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
+    if not zipfile.is_zipfile(path):
+        raise CheckpointError(f"{path}: not a readable nmt checkpoint (truncated, or another kind of file)")
+    verify_checkpoint(path)
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception:  # a truncated zip, a foreign pickle, random bytes: all the same to a user
+    except Exception:  # a foreign pickle, a zip of something else: all the same to a user
         raise CheckpointError(
             f"{path}: not a readable nmt checkpoint (truncated, or another kind of file)"
         ) from None
@@ -70,22 +100,47 @@ def load_checkpoint(path: Path) -> Checkpoint:
         raise CheckpointError(f"{path}: not an nmt checkpoint")
     if payload.get("version") != VERSION:
         raise CheckpointError(f"{path}: checkpoint format version {payload.get('version')} is not supported")
+
+    def field(name: str, ok: bool, why: str) -> None:
+        if not ok:
+            raise CheckpointError(f"{path}: field {name}: {why}")
+
+    field("config", isinstance(payload.get("config"), dict), "missing or not a mapping")
     try:
-        config = config_from_dict(payload["config"], source=str(path), corpora=False)
+        config = config_from_dict(payload["config"], source=f"{path}: field config", corpora=False)
     except ConfigError as e:
         raise CheckpointError(str(e)) from None
+    vocab_size = payload.get("vocab_size")
+    field("vocab_size", type(vocab_size) is int and vocab_size > 0, "missing or not a positive integer")
+    weights = payload.get("model")
+    field("model", isinstance(weights, dict) and len(weights) > 0, "missing or not a mapping of weights")
+    for name, tensor in weights.items():
+        field(f"model.{name}", isinstance(tensor, Tensor), "not a tensor")
+        if tensor.is_floating_point():
+            field(f"model.{name}", bool(torch.isfinite(tensor).all()), "holds NaN or infinite values")
+    subword = payload.get("subword")
+    field("subword", isinstance(subword, Tensor) and subword.dtype == torch.uint8, "missing or not bytes")
+    proto = subword.numpy().tobytes()
+    try:
+        pieces = Subword(proto).vocab_size
+    except DataError:  # SentencePiece's own message is a C++ source location
+        raise CheckpointError(f"{path}: field subword: not a loadable SentencePiece model") from None
+    field("subword", pieces == vocab_size, f"{pieces} subwords, but vocab_size says {vocab_size}")
+    train_state = payload.get("train_state")
+    field("train_state", train_state is None or isinstance(train_state, dict), "not a mapping")
+    for key in ("progress", "optimizer", "rng") if train_state is not None else ():
+        field(f"train_state.{key}", isinstance(train_state.get(key), dict), "missing or not a mapping")
     return Checkpoint(
         config=config,
-        vocab_size=int(payload["vocab_size"]),
-        model_state=payload["model"],
-        subword_proto=payload["subword"].numpy().tobytes(),
-        train_state=payload.get("train_state"),
+        vocab_size=vocab_size,
+        model_state=weights,
+        subword_proto=proto,
+        train_state=train_state,
     )
 
 
 def load_model(path: Path, device: str | torch.device = "cpu"):
     """A checkpoint as a ready model: (Transformer in eval mode, Subword, Config)."""
-    from nmt.data.subword import Subword
     from nmt.model import Transformer
 
     ckpt = load_checkpoint(path)
@@ -93,7 +148,8 @@ def load_model(path: Path, device: str | torch.device = "cpu"):
     try:
         model.load_state_dict(ckpt.model_state)
     except RuntimeError as e:
-        raise CheckpointError(f"{path}: weights do not fit the model it describes ({str(e)[:160]})") from None
+        why = " ".join(str(e).split())[:160]  # torch's message spans lines: the error is one
+        raise CheckpointError(f"{path}: weights do not fit the model it describes ({why})") from None
     return model.to(device).eval(), Subword(ckpt.subword_proto), ckpt.config
 
 
@@ -106,6 +162,8 @@ def step_checkpoints(directory: Path) -> list[Path]:
 
 
 def last_checkpoints(directory: Path, n: int) -> list[Path]:
+    if n < 1:
+        raise CheckpointError(f"--last {n}: must be 1 or more")
     found = step_checkpoints(directory)
     if not found:
         raise CheckpointError(f"{directory}: no step-N.pt checkpoints")
@@ -113,18 +171,23 @@ def last_checkpoints(directory: Path, n: int) -> list[Path]:
 
 
 def average_checkpoints(paths: list[Path], output: Path) -> None:
-    """Element-wise mean of the weights (paper, 6.1); config and subwords from the last file."""
+    """Element-wise mean of the weights (paper, 6.1); config and subwords from the last file.
+
+    Only checkpoints of one model are averaged: the same model config, the same SentencePiece model
+    and the same weight names, shapes and types (each file's own checks, on loading, rule out damage
+    and non-finite weights); anything else is a CheckpointError naming the file.
+    """
     total: dict[str, Tensor] | None = None
-    last = None
+    first = last = None
     for path in paths:
         last = load_checkpoint(path)
-        if total is None:
+        if first is None:
+            first = last
             total = {
                 k: v.double().clone() if v.is_floating_point() else v for k, v in last.model_state.items()
             }
             continue
-        if total.keys() != last.model_state.keys():
-            raise CheckpointError(f"{path}: its weights do not match those of {paths[0]}")
+        same_as(path, last, paths[0], first)
         for k, v in last.model_state.items():
             if v.is_floating_point():
                 total[k] += v.double()
@@ -140,3 +203,20 @@ def average_checkpoints(paths: list[Path], output: Path) -> None:
         subword_proto=last.subword_proto,
         vocab_size=last.vocab_size,
     )
+
+
+def same_as(path: Path, ckpt: Checkpoint, first_path: Path, first: Checkpoint) -> None:
+    """Refuse, naming `path`, a checkpoint that is not of the same model as `first`."""
+    if ckpt.config.model != first.config.model:
+        raise CheckpointError(f"{path}: another model config than {first_path}'s; only one model's average")
+    if ckpt.subword_proto != first.subword_proto:
+        raise CheckpointError(f"{path}: another SentencePiece vocabulary than {first_path}'s")
+    if ckpt.model_state.keys() != first.model_state.keys():
+        raise CheckpointError(f"{path}: its weights do not match those of {first_path}")
+    for k, v in ckpt.model_state.items():
+        w = first.model_state[k]
+        if v.shape != w.shape or v.dtype != w.dtype:
+            raise CheckpointError(
+                f"{path}: weight {k} is {v.dtype} {tuple(v.shape)}, "
+                f"in {first_path} {w.dtype} {tuple(w.shape)}"
+            )

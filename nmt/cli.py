@@ -8,6 +8,9 @@ red line and exit status 2 here, at the single boundary in `Commands.invoke`.
 
 from __future__ import annotations
 
+import errno
+import signal
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -17,8 +20,13 @@ from rich.markup import escape
 from typer.core import TyperGroup
 
 from nmt.errors import Interrupted, NmtError
+from nmt.output import write_failed
 
-err = Console(stderr=True)
+OUTPUT_ERRNOS = (errno.EPIPE, errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EBADF)
+
+# soft_wrap: a message is one line however wide, so a log file or `grep` gets it whole (Rich would
+# otherwise wrap at 80 columns whenever stderr is not a terminal).
+err = Console(stderr=True, soft_wrap=True)
 
 
 class Commands(TyperGroup):
@@ -26,7 +34,27 @@ class Commands(TyperGroup):
 
     def invoke(self, ctx):
         try:
-            return super().invoke(ctx)
+            result = super().invoke(ctx)
+            if sys.stdout is not None:
+                sys.stdout.flush()  # here, so a full disk is reported in one line, not by the interpreter
+            return result
+        except OSError as e:
+            # Results that could not be written: a reader gone (`| head -n 1`) ends quietly, as a Unix
+            # tool killed by SIGPIPE (status 141); a full disk or a closed stdout is one line, exit 1.
+            # Other OSErrors are bugs or files a command should have named: they keep their traceback.
+            if e.errno not in OUTPUT_ERRNOS:
+                raise
+            problem = write_failed(e)
+            if problem is None:
+                raise typer.Exit(128 + signal.SIGPIPE) from None
+            err.print(f"[bold red]error:[/] {escape(str(problem))}", highlight=False)
+            raise typer.Exit(problem.exit_code) from None
+        except KeyboardInterrupt:
+            # Ctrl-C outside training (which saves and raises Interrupted): one line and 128 + SIGINT, as
+            # a shell reports it, rather than click's "Aborted!" and status 1. Outputs are atomic, so
+            # nothing half-written was left behind.
+            err.print("[yellow]interrupted[/]", highlight=False)
+            raise typer.Exit(128 + signal.SIGINT) from None
         except Interrupted as e:  # not a mistake: the work was saved and the same command continues it
             err.print(f"[yellow]{escape(str(e))}[/]", highlight=False, soft_wrap=True)
             raise typer.Exit(e.exit_code) from None
@@ -349,12 +377,26 @@ def serve(
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on; 0 picks a free one (printed).")] = 5000,
     max_batch_tokens: Annotated[
-        int, typer.Option(help="Token budget of one batch (sentences x beam x longest source).")
+        int, typer.Option(help="Subword budget of one batch (sentences x beam x longest source).")
     ] = 8192,
     batch_wait_ms: Annotated[
         float, typer.Option(help="How long the first request of a batch waits for others to join it.")
     ] = 10.0,
     max_chars: Annotated[int, typer.Option(help="Largest request, in characters of text.")] = 20000,
+    max_queue: Annotated[
+        int, typer.Option(help="Source lines waiting for the model at most; more get 503 + Retry-After.")
+    ] = 100000,
+    timeout: Annotated[
+        float, typer.Option(help="Seconds a request may wait for its translation (504).")
+    ] = 60.0,
+    read_timeout: Annotated[
+        float, typer.Option(help="Seconds to receive a request's headers, and again its body (408).")
+    ] = 10.0,
+    keep_alive: Annotated[float, typer.Option(help="Seconds an idle connection stays open.")] = 5.0,
+    max_connections: Annotated[int, typer.Option(help="Open connections at most; more get 503.")] = 1000,
+    shutdown_timeout: Annotated[
+        float, typer.Option(help="After SIGTERM/SIGINT, seconds to answer what is in flight before exiting.")
+    ] = 30.0,
     beam: Annotated[int | None, typer.Option(help="Beam size; 1 is greedy. Default: the recipe's.")] = None,
     lenpen: Annotated[float | None, typer.Option(help="Length penalty alpha, ((5+|Y|)/6)^alpha.")] = None,
     device: Annotated[str, typer.Option(help="auto (CUDA if available), cpu, cuda or cuda:N.")] = "auto",
@@ -362,9 +404,11 @@ def serve(
         str, typer.Option(help="auto (bf16 on a CUDA GPU that has it, else fp32), fp32, bf16, fp16.")
     ] = "auto",
 ) -> None:
-    """Serve a model over HTTP: LibreTranslate's /translate and /languages, OpenNMT-py's route.
+    """Serve a model over HTTP: LibreTranslate's /translate, /detect and /languages, OpenNMT-py's route,
+    a page to try the model at /, and Prometheus metrics at /metrics.
 
-    Concurrent requests are batched together; SIGTERM finishes the requests in flight, then exits.
+    Concurrent requests are batched together, large ones in turns with small ones; SIGTERM answers the
+    requests in flight, then exits. Needs the serve extra: pip install 'nmt\\[serve]'.
 
     [bold]Examples[/]
       nmt serve -m runs/multi30k-en-de/checkpoints/average.pt
@@ -372,10 +416,18 @@ def serve(
         -d '{"q": "A dog runs.", "source": "en", "target": "de"}'
     """
     from nmt.config import DecodeOverrides
+    from nmt.serve import ServeSettings
     from nmt.serve import serve as run_serve
 
+    if not 0 <= port <= 65535:
+        raise NmtError(f"--port {port}: must be between 0 and 65535")
+    settings = ServeSettings(
+        max_batch_tokens=max_batch_tokens, batch_wait_ms=batch_wait_ms, max_chars=max_chars,
+        max_queue=max_queue, timeout=timeout, read_timeout=read_timeout, keep_alive=keep_alive,
+        max_connections=max_connections, shutdown_timeout=shutdown_timeout,
+    )  # fmt: skip
     overrides = DecodeOverrides.given(beam=beam, lenpen=lenpen)
-    run_serve(model, host, port, max_batch_tokens, batch_wait_ms, max_chars, overrides, device, dtype, err)
+    run_serve(model, host, port, settings, overrides, device, dtype, err)
 
 
 @app.command()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -197,9 +198,11 @@ def load_config(recipe: str | Path | None, overrides: list[str] | tuple[str, ...
     """Read a recipe, apply `key.path=value` overrides, and validate the result into a Config."""
     path = resolve_recipe(recipe)
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=StrictLoader)  # noqa: S506 (a SafeLoader)
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: cannot read: {e}") from None
+    except DuplicateKey as e:
+        raise ConfigError(f"{path}: {e.problem}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
@@ -215,6 +218,37 @@ def load_config(recipe: str | Path | None, overrides: list[str] | tuple[str, ...
 
         merge_init_from(raw, str(path))
     return config_from_dict(raw, source=str(path))
+
+
+class DuplicateKey(yaml.constructor.ConstructorError):
+    pass
+
+
+class StrictLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping, at any level.
+
+    Plain YAML keeps the last value, so a second `train:` section would silently replace the first
+    whole; the error names the key and both lines instead. Keys brought in by a merge (`<<: *base`) may
+    still be overridden, as YAML intends.
+    """
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                    continue
+                key = self.construct_object(key_node)
+                if key in seen:
+                    raise DuplicateKey(
+                        None,
+                        None,
+                        f"duplicate key {key!r} (first on line {seen[key].start_mark.line + 1}, "
+                        f"again on line {key_node.start_mark.line + 1})",
+                        key_node.start_mark,
+                    )
+                seen[key] = key_node
+        return super().construct_mapping(node, deep=deep)
 
 
 def apply_override(raw: dict, item: str) -> None:
@@ -340,6 +374,19 @@ def _check(cfg: Config, source: str, corpora: bool = True) -> None:
         f"{t.device!r} is not auto, cpu, cuda or cuda:N",
     )
     _check_decode(d, lambda ok, name, why: need(ok, f"decode.{name}", why), lambda name: f"decode.{name}")
+    for key in ("lr_scale", "adam_eps"):
+        need(getattr(t, key) > 0, f"train.{key}", "must be positive")
+    for key in ("adam_beta1", "adam_beta2"):
+        need(0.0 <= getattr(t, key) < 1.0, f"train.{key}", "must be in [0, 1)")
+    for key in ("weight_decay", "clip_norm"):
+        need(getattr(t, key) >= 0, f"train.{key}", "must be 0 or more")
+    need(t.patience >= 0, "train.patience", "must be 0 (off) or more")
+    need(t.threads is None or t.threads > 0, "train.threads", "must be positive")
+    need(0.0 < data.character_coverage <= 1.0, "data.character_coverage", "must be in (0, 1]")
+    for key in ("spm_sample_sentences", "max_subwords", "max_ratio"):
+        need(getattr(data, key) > 0, f"data.{key}", "must be positive")
+    need(data.min_words >= 0, "data.min_words", "must be 0 or more")
+    need(data.max_words >= data.min_words, "data.max_words", "must be at least data.min_words")
     need(data.vocab_size >= 16, "data.vocab_size", "must be at least 16")
     need(data.src_lang != data.tgt_lang, "data.tgt_lang", "must differ from data.src_lang")
     need(len(data.train) > 0 or not corpora, "data.train", "names no corpus")
@@ -362,7 +409,10 @@ def _check_decode(d: DecodeConfig, need, key) -> None:
         "nbest",
         f"must be between 1 and {key('beam')} ({d.beam}), got {d.nbest}",
     )
-    need(d.max_len_a >= 0, "max_len_a", f"must be 0 or more, got {d.max_len_a}")
+    need(math.isfinite(d.lenpen), "lenpen", f"must be a finite number, got {d.lenpen}")
+    need(
+        math.isfinite(d.max_len_a) and d.max_len_a >= 0, "max_len_a", f"must be 0 or more, got {d.max_len_a}"
+    )
     need(d.max_len_b >= 0, "max_len_b", f"must be 0 or more, got {d.max_len_b}")
     need(d.min_len >= 0, "min_len", f"must be 0 or more, got {d.min_len}")
     need(d.batch_tokens > 0, "batch_tokens", f"must be positive, got {d.batch_tokens}")
@@ -373,7 +423,11 @@ def _check_decode(d: DecodeConfig, need, key) -> None:
     )
     need(d.sampling_topk >= 0, "sampling_topk", f"must be 0 (no cut) or more, got {d.sampling_topk}")
     need(0.0 < d.sampling_topp <= 1.0, "sampling_topp", f"must be in (0, 1], got {d.sampling_topp}")
-    need(d.temperature > 0, "temperature", f"must be positive, got {d.temperature}")
+    need(
+        math.isfinite(d.temperature) and d.temperature > 0,
+        "temperature",
+        f"must be positive, got {d.temperature}",
+    )
 
 
 def _join(prefix: str, key: Any) -> str:

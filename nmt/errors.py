@@ -29,3 +29,10 @@ class Interrupted(NmtError):
     def __init__(self, message: str, signum: int):
         super().__init__(message)
         self.exit_code = 128 + int(signum)
+
+
+class OutputError(NmtError):
+    """Results that cannot be written (a full disk, a closed standard output): one line, exit status 1,
+    as Unix tools report a write error."""
+
+    exit_code = 1

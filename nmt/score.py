@@ -24,6 +24,7 @@ from sacrebleu.metrics.base import Metric
 from sacrebleu.significance import PairedTest
 
 from nmt.errors import DataError, NmtError
+from nmt.output import stdout
 
 METRIC_NAMES = tuple(name.lower() for name in METRICS)  # ("bleu", "chrf", "ter")
 STDIN = "<stdin>"
@@ -217,6 +218,7 @@ def score_files(
     With json_out, stdout gets exactly one JSON object instead, which is also returned.
     """
     console = console or Console(stderr=True)
+    stdout()  # a closed standard output is one line before the work, not a score printed to nowhere
     names = parse_metrics(metrics)
     if not refs:
         raise NmtError("no reference file given (-r REF)")

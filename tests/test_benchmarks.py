@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib
 import json
+import statistics
+from collections import Counter
 
 import pytest
 import torch
@@ -14,6 +16,7 @@ from nmt.config import ModelConfig
 from nmt.model import Transformer
 from nmt.train.loss import label_smoothed_nll
 
+common = importlib.import_module("common")
 throughput = importlib.import_module("train_throughput")
 speed = importlib.import_module("train_speed")
 
@@ -80,6 +83,16 @@ def test_synthetic_lengths_follow_the_length_model():
     assert int(src.min()) >= 1 and int(tgt.max()) <= 250
 
 
+def test_synthetic_text_has_newstest_lengths_and_zipf_frequencies():
+    lines = common.SyntheticText(seed=5).lines(5000, common.NEWSTEST_WORDS)
+    words = [len(line.split()) for line in lines]
+    assert abs(statistics.mean(words) - 25) < 1.5 and abs(statistics.stdev(words) - 14) < 2.5
+    assert min(words) >= 1 and max(words) <= 120
+    counts = Counter(w.lower().rstrip(".") for line in lines for w in line.split()).most_common(3)
+    assert 1.7 < counts[0][1] / counts[1][1] < 2.3  # p(rank r) ~ 1 / r: the first twice the second
+    assert 1.3 < counts[1][1] / counts[2][1] < 1.7
+
+
 def test_train_throughput_figures_are_sane(capsys):
     assert throughput.main(["multi30k-en-de", *TINY]) == 0
     r = json.loads(capsys.readouterr().out)
@@ -106,6 +119,7 @@ for i, wps in enumerate([100, 900, 1000, 1100, 1000, 1000, 1000, 1000]):
 """
 
 
+@pytest.mark.slow
 @pytest.mark.multi30k
 def test_train_speed_runs_fairseq_and_nmt_one_after_the_other(tmp_path, capsys, multi30k_mirror):
     from nmt.config import load_config

@@ -1,5 +1,6 @@
 """`nmt serve` as a real process on 127.0.0.1, with the trained reversal model: both request formats,
-concurrent clients, bad input, and a clean stop on SIGTERM."""
+concurrent clients, hostile input, fairness, LibreTranslate's fields, metrics and a clean stop on SIGTERM.
+The worker's scheduling and failure isolation are also tested directly, with a stand-in translator."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -17,6 +19,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+
+pytest.importorskip("uvicorn", reason="nmt serve needs its extra: pip install 'nmt[serve]'")
+pytest.importorskip("starlette", reason="nmt serve needs its extra: pip install 'nmt[serve]'")
+
+from nmt.config import DecodeConfig  # noqa: E402
+from nmt.errors import NmtError  # noqa: E402
+from nmt.serve import Batcher, Metrics, ServeSettings, markup_join, markup_lines, markup_parts  # noqa: E402
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 
@@ -31,8 +40,9 @@ class Server:
             line = self.proc.stderr.readline()
             assert line and time.monotonic() < deadline, "".join(self.log) or "the server did not start"
             self.log.append(line)
-            if m := re.search(r"on (http://127\.0\.0\.1:\d+)", line):
-                self.url = m.group(1)
+            if m := re.search(r"on http://127\.0\.0\.1:(\d+)", line):
+                self.port = int(m.group(1))
+                self.url = f"http://127.0.0.1:{self.port}"
                 break
         self.reader = threading.Thread(target=self.drain, daemon=True)
         self.reader.start()
@@ -41,14 +51,28 @@ class Server:
         for line in self.proc.stderr:
             self.log.append(line)
 
-    def request(self, path: str, body=None, raw: bytes | None = None) -> tuple[int, object]:
+    def request(self, path: str, body=None, raw: bytes | None = None, method=None, ctype="application/json"):
         data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-        req = urllib.request.Request(self.url + path, data=data, headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            self.url + path, data=data, headers={"Content-Type": ctype}, method=method
+        )
         try:
             with urllib.request.urlopen(req, timeout=60) as r:
                 return r.status, json.loads(r.read())
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read())
+
+    def raw(self, data: bytes, timeout: float = 10) -> tuple[int, dict, bytes]:
+        """Bytes sent as they are; the answer's status, headers and body (read until the server closes)."""
+        with socket.create_connection(("127.0.0.1", self.port), timeout=timeout) as s:
+            s.sendall(data)
+            got = b""
+            while chunk := s.recv(65536):
+                got += chunk
+        head, _, body = got.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        headers = {k.lower(): v.strip() for k, _, v in (h.partition(":") for h in lines[1:])}
+        return int(lines[0].split()[1]), headers, body
 
     def stop(self) -> int:
         self.proc.send_signal(signal.SIGTERM)
@@ -67,14 +91,13 @@ def reverse(line: str) -> str:
     return " ".join(reversed(line.split()))
 
 
+def libre(q, **fields) -> dict:
+    return {"q": q, "source": "xx", "target": "yy", **fields}
+
+
 def test_libretranslate_requests(server):
-    assert server.request("/translate", {"q": "a b c", "source": "xx", "target": "yy"}) == (
-        200,
-        {"translatedText": "c b a"},
-    )
-    status, body = server.request(
-        "/translate", {"q": ["a b", "p o n\n\nc d e"], "source": "auto", "target": "yy"}
-    )
+    assert server.request("/translate", libre("a b c")) == (200, {"translatedText": "c b a"})
+    status, body = server.request("/translate", libre(["a b", "p o n\n\nc d e"]))
     assert status == 200 and body == {"translatedText": ["b a", "n o p\n\ne d c"]}
     status, langs = server.request("/languages")
     assert status == 200 and langs[0]["code"] == "xx" and langs[0]["targets"] == ["yy"]
@@ -101,9 +124,7 @@ def test_concurrent_requests_get_their_own_answers_equal_to_nmt_translate(server
         timeout=120,
     ).stdout.split("\n")[:-1]
     with ThreadPoolExecutor(max_workers=16) as pool:
-        answers = list(
-            pool.map(lambda q: server.request("/translate", {"q": q, "source": "xx", "target": "yy"}), lines)
-        )
+        answers = list(pool.map(lambda q: server.request("/translate", libre(q)), lines))
     assert all(status == 200 for status, _ in answers)
     assert [body["translatedText"] for _, body in answers] == expected
     learned = [body["translatedText"] == reverse(q) for (_, body), q in zip(answers, lines, strict=True)]
@@ -114,30 +135,414 @@ def test_concurrent_requests_get_their_own_answers_equal_to_nmt_translate(server
     "path, body, raw, status",
     [
         ("/translate", None, b"{not json", 400),
-        ("/translate", {"q": "a b", "source": "en", "target": "fr"}, None, 400),
+        ("/translate", None, b'{"q": "a \xff b"}', 400),  # not UTF-8
+        ("/translate", None, b'{"q": "a \\ud800 b"}', 400),  # a lone surrogate
+        ("/translate", [1, 2], None, 400),
+        ("/translate", {"q": "a b", "source": "en", "target": "fr"}, None, 422),
         ("/translate", {"q": "a " * 1500, "source": "xx", "target": "yy"}, None, 413),
-        ("/translate", {"q": "", "source": "xx", "target": "yy"}, None, 400),
-        ("/translate", {"q": 5}, None, 400),
+        ("/translate", {"q": "", "source": "xx", "target": "yy"}, None, 422),
+        ("/translate", {"q": 5}, None, 422),
+        ("/translate", {"q": ["a", 5]}, None, 422),
+        ("/translate", {"q": "a", "format": "pdf"}, None, 422),
+        ("/translate", {"q": "a", "alternatives": -1}, None, 422),
         ("/translator/translate", {"src": "a"}, None, 400),
+        ("/translator/translate", [{"src": 7}], None, 422),
         ("/nowhere", {}, None, 404),
     ],
 )
 def test_bad_requests_get_a_json_error_and_the_server_keeps_serving(server, path, body, raw, status):
     got, answer = server.request(path, body, raw)
     assert got == status and isinstance(answer["error"], str) and answer["error"]
-    assert server.request("/translate", {"q": "a b", "source": "xx", "target": "yy"}) == (
-        200,
-        {"translatedText": "b a"},
+    assert server.request("/translate", libre("a b")) == (200, {"translatedText": "b a"})
+
+
+def test_a_malformed_request_among_good_ones_fails_alone(server):
+    good = [f"{a} {b} {c}" for a, b, c in zip("abcdefgh", "ijklmnop", "hgfedcba", strict=True)]
+    bad = [b'{"q": "x \\ud800 y", "source": "xx", "target": "yy"}', b'{"q": ["x", 5]}']
+    for _ in range(3):
+        with ThreadPoolExecutor(max_workers=10) as pool:
+            goods = [pool.submit(server.request, "/translate", libre(q)) for q in good[:4]]
+            bads = [pool.submit(server.request, "/translate", None, raw) for raw in bad]
+            goods += [pool.submit(server.request, "/translate", libre(q)) for q in good[4:]]
+            assert [f.result() for f in goods] == [(200, {"translatedText": reverse(q)}) for q in good]
+            assert [f.result()[0] for f in bads] == [400, 422]
+
+
+def test_http_edges_answer_in_json_with_the_right_status(server):
+    body = json.dumps(libre("a b c")).encode()
+    chunked = f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
+    head = b"POST /translate HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+    status, headers, answer = server.raw(head + b"Transfer-Encoding: chunked\r\n\r\n" + chunked)
+    assert status == 200 and json.loads(answer) == {"translatedText": "c b a"}
+    cases = [
+        (head + b"\r\n" + body, 411),  # no Content-Length
+        (head + b"Content-Length: -1\r\n\r\n" + body, 400),
+        (head + b"Content-Length: 100000000\r\n\r\n", 413),  # refused before a byte of body is read
+        (b"PUT /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", 405),
+        (b"GET /translate HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 405),
+        (b"DELETE /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 405),
+        (b"GET /nowhere HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 404),
+        (b"NONSENSE\r\n\r\n", 400),
+    ]
+    for request, want in cases:
+        start = time.monotonic()
+        status, headers, answer = server.raw(request)
+        assert (status, headers["content-type"].split(";")[0]) == (want, "application/json"), request
+        assert json.loads(answer)["error"] and time.monotonic() - start < 5
+    status, headers, _ = server.raw(b"PUT /translate HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert status == 405 and headers["allow"] == "POST"
+
+
+def test_libretranslate_fields_auto_alternatives_html_form_and_truncation(server):
+    status, body = server.request("/translate", {"q": "a b c", "source": "auto", "target": "yy"})
+    assert status == 200
+    assert body == {"translatedText": "c b a", "detectedLanguage": {"confidence": 100.0, "language": "xx"}}
+    status, body = server.request("/translate", libre(["a b", "c d"], source="auto"))
+    assert body["detectedLanguage"] == [{"confidence": 100.0, "language": "xx"}] * 2
+    status, body = server.request("/translate", libre("a b c d", alternatives=2))
+    assert status == 200 and body["translatedText"] == "d c b a"
+    alternatives = body["alternatives"]
+    assert len(alternatives) == 2 and len({body["translatedText"], *alternatives}) == 3
+    html = '<p class="x">a b <b>c d</b> e</p>\n<ul><li>f g</li></ul><script>var a = "b c";</script>'
+    status, body = server.request("/translate", libre(html, format="html"))
+    assert status == 200
+    assert body["translatedText"] == (
+        '<p class="x">b a <b>d c</b> e</p>\n<ul><li>g f</li></ul><script>var a = "b c";</script>'
     )
+    # LibreTranslate's Python client: form-encoded, with an api_key (accepted and ignored).
+    form = b"q=a+b+c&source=xx&target=yy&format=text&api_key=secret&alternatives=1"
+    status, body = server.request("/translate", raw=form, ctype="application/x-www-form-urlencoded")
+    assert status == 200 and body["translatedText"] == "c b a" and len(body["alternatives"]) == 1
+    long_line = " ".join("abcdefghijklmnop"[i % 16] for i in range(100))  # 100 subwords, the model has 63
+    status, body = server.request("/translate", libre(f"a b\n{long_line}"))
+    assert status == 200 and body["truncated"] == [2]
+    status, body = server.request("/translate", libre(["a", long_line]))
+    assert body["truncated"] == [[], [1]]
+    assert server.request("/detect", {"q": "a b"}) == (200, [{"confidence": 100.0, "language": "xx"}])
 
 
-def test_sigterm_finishes_the_request_in_flight_then_exits_0(synthetic_run):
-    s = Server(synthetic_run / "checkpoints" / "best.pt", "--batch-wait-ms", "1500")
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        pending = pool.submit(s.request, "/translate", {"q": "a b c", "source": "xx", "target": "yy"})
-        time.sleep(0.5)  # the request waits in the batching window
+def test_metrics_in_prometheus_text(server):
+    server.request("/translate", libre("a b"))
+    server.request("/nowhere")
+    with urllib.request.urlopen(server.url + "/metrics", timeout=10) as r:
+        assert r.headers["Content-Type"].startswith("text/plain")
+        text = r.read().decode()
+    counts = dict(re.findall(r"^nmt_requests_total\{(.*)\} (\d+)$", text, re.M))
+    assert int(counts['method="POST",route="/translate",status="200"']) >= 1
+    assert int(counts['method="GET",route="other",status="404"']) >= 1
+    assert re.search(r'^nmt_request_seconds_bucket\{route="/translate",le="\+Inf"\} [1-9]', text, re.M)
+    assert re.search(r"^nmt_batch_lines_count [1-9]", text, re.M)
+    assert re.search(r"^nmt_queue_lines 0$", text, re.M)
+
+
+def test_the_page_shows_the_pair_and_settings(server):
+    with urllib.request.urlopen(server.url + "/", timeout=10) as r:
+        page = r.read().decode()
+    assert "xx to yy" in page and "<dt>beam</dt><dd>4</dd>" in page
+    assert not re.search(r'(src|href)="(https?:)?//', page)  # nothing from elsewhere: works offline
+
+
+def test_a_one_line_request_beside_a_10000_line_one_is_answered_within_a_few_seconds(synthetic_run):
+    s = Server(
+        synthetic_run / "checkpoints" / "best.pt", "--max-chars", "30000", "--max-batch-tokens", "2048"
+    )
+    try:
+        big = "\n".join("abcdefghijklmnop"[i % 16] + " a" for i in range(10000))
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            start = time.monotonic()
+            pending = pool.submit(s.request, "/translate", libre(big))
+            time.sleep(1)  # the big request is being translated
+            small_start = time.monotonic()
+            assert s.request("/translate", libre("a b c")) == (200, {"translatedText": "c b a"})
+            small = time.monotonic() - small_start
+            status, body = pending.result(timeout=300)
+            whole = time.monotonic() - start
+        assert status == 200 and body["translatedText"].split("\n")[:2] == ["a a", "a b"]
+        assert small < 3 and small < whole / 3, (small, whole)
+    finally:
         assert s.stop() == 0
-        assert pending.result(timeout=30) == (200, {"translatedText": "c b a"})
-    s.reader.join(timeout=10)
-    log = "".join(s.log)
-    assert "SIGTERM" in log and "POST /translate 200" in log and "Traceback" not in log
+
+
+def test_a_full_queue_answers_503_and_a_late_request_504(synthetic_run):
+    s = Server(synthetic_run / "checkpoints" / "best.pt", "--max-chars", "30000", "--max-queue", "100")
+    try:
+        big = "\n".join(["a b c d"] * 3000)
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pending = pool.submit(s.request, "/translate", libre(big))
+            time.sleep(1)
+            req = urllib.request.Request(
+                s.url + "/translate", data=json.dumps(libre("a b")).encode(), method="POST"
+            )
+            with pytest.raises(urllib.error.HTTPError) as busy:
+                urllib.request.urlopen(req, timeout=30)
+            assert busy.value.code == 503 and busy.value.headers["Retry-After"] == "1"
+            assert json.loads(busy.value.read())["error"].startswith("busy")
+            assert pending.result(timeout=300)[0] == 200
+    finally:
+        assert s.stop() == 0
+    s = Server(synthetic_run / "checkpoints" / "best.pt", "--max-chars", "30000", "--timeout", "1")
+    try:
+        status, body = s.request("/translate", libre("\n".join(["a b c d"] * 3000)))
+        assert status == 504 and "1 s" in body["error"]
+        assert s.request("/translate", libre("a b")) == (200, {"translatedText": "b a"})
+    finally:
+        assert s.stop() == 0
+
+
+def test_sigterm_answers_in_flight_and_exits_0_whatever_the_clients_do(synthetic_run):
+    s = Server(synthetic_run / "checkpoints" / "best.pt", "--batch-wait-ms", "1500")
+    try:
+        body = json.dumps(libre("a b")).encode()
+        request = b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        idle = socket.create_connection(("127.0.0.1", s.port), timeout=30)
+        idle.sendall(request)
+        answer = b""
+        while b'"b a"}' not in answer:  # answered, and the connection stays open
+            answer += idle.recv(65536)
+        stalled = socket.create_connection(("127.0.0.1", s.port), timeout=30)
+        stalled.sendall(b'POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"q": ')
+        slow = []
+        for i in range(200):
+            c = socket.create_connection(("127.0.0.1", s.port), timeout=30)
+            c.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\n" if i % 2 else b"GET /heal")
+            slow.append(c)
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pending = pool.submit(s.request, "/translate", libre("a b c"))
+            time.sleep(0.5)  # the request waits in the batching window
+            start = time.monotonic()
+            s.proc.send_signal(signal.SIGTERM)
+            assert s.proc.wait(timeout=40) == 0
+            seconds = time.monotonic() - start
+            assert pending.result(timeout=30) == (200, {"translatedText": "c b a"})
+        assert seconds < 30
+        assert idle.recv(65536) == b""  # the idle keep-alive connection was closed, not served on
+        for c in [idle, stalled, *slow]:
+            c.close()
+        s.reader.join(timeout=10)
+        log = "".join(s.log)
+        assert "SIGTERM" in log and "POST /translate 200" in log and "Traceback" not in log
+    finally:
+        if s.proc.poll() is None:  # a failed assertion must not leave the server running
+            s.proc.kill()
+
+
+def test_slow_clients_are_cut_off_and_leave_no_traceback(synthetic_run):
+    s = Server(synthetic_run / "checkpoints" / "best.pt", "--read-timeout", "1")
+    try:
+        half = [socket.create_connection(("127.0.0.1", s.port), timeout=10) for _ in range(50)]
+        for c in half:
+            c.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        heads = [socket.create_connection(("127.0.0.1", s.port), timeout=10) for _ in range(50)]
+        for c in heads:
+            c.sendall(b"POST /translate HTTP/1.1\r\n")
+        assert s.request("/translate", libre("a b")) == (200, {"translatedText": "b a"})
+        time.sleep(2.5)
+        for c in half + heads:  # each got a 408 in JSON, then the server closed the connection
+            answer = c.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 408") and b'"error"' in answer, answer
+            assert c.recv(65536) == b""
+            c.close()
+        assert s.request("/translate", libre("a b")) == (200, {"translatedText": "b a"})
+    finally:
+        assert s.stop() == 0
+    assert "Traceback" not in "".join(s.log)
+
+
+# ---- the worker, with a stand-in translator ---------------------------------------------------------
+
+
+class FakeTranslator:
+    """Reverses id lists; fails a whole batch whenever it holds the poisoned id 99."""
+
+    def __init__(self, beam: int = 1):
+        self.decode = DecodeConfig(beam=beam, batch_tokens=8192)
+        self.engine = self  # the batcher swaps decode settings on the engine too
+        self.max_source = 63
+        self.batches: list[list[list[int]]] = []
+
+    def search_sources(self, count, sources, forced=None):
+        self.batches.append(list(sources.values()))
+        if any(99 in ids for ids in sources.values()):
+            raise RuntimeError("poisoned")
+        out = [[("", 0.0)] for _ in range(count)]
+        for i, ids in sources.items():
+            out[i] = [(" ".join(map(str, reversed(ids))), -1.0)]
+        return out
+
+
+def batcher(translator, **settings) -> Batcher:
+    from rich.console import Console
+
+    return Batcher(translator, ServeSettings(**settings), Metrics(), Console(quiet=True))
+
+
+def test_a_failing_batch_is_retried_one_by_one_so_only_the_faulty_request_fails():
+    t = FakeTranslator()
+    b = batcher(t, batch_wait_ms=200)
+    try:
+        far = time.monotonic() + 30
+        with b.cond:  # all queued before the worker looks
+            jobs = [b.submit({0: [1, 2], 1: [3]}, 2, 1, far), b.submit({0: [99]}, 1, 1, far)]
+            jobs.append(b.submit({0: [4, 5]}, 1, 1, far))
+        assert jobs[0].future.result(10) == [[("2 1", -1.0)], [("3", -1.0)]]
+        assert jobs[2].future.result(10) == [[("5 4", -1.0)]]
+        with pytest.raises(RuntimeError, match="poisoned"):
+            jobs[1].future.result(10)
+        assert len(t.batches[0]) == 4  # they were batched together first, then retried alone
+        assert b.submit({0: [6]}, 1, 1, far).future.result(10) == [[("6", -1.0)]]  # the worker lives
+    finally:
+        b.close(5)
+
+
+def test_a_large_request_is_served_in_pieces_in_turn_with_others():
+    t = FakeTranslator(beam=4)
+    # Lines of 4 subwords cost beam x (4 + EOS) = 20: two fit a budget of 40, as nmt translate counts.
+    b = batcher(t, max_batch_tokens=40, batch_wait_ms=100)
+    try:
+        far = time.monotonic() + 30
+        with b.cond:  # both queued before the worker looks
+            big = b.submit({i: [1, 2, 3, 4] for i in range(10)}, 10, 1, far)
+            small = b.submit({0: [7, 7, 7, 7]}, 1, 1, far)
+        small.future.result(10)
+        big.future.result(10)
+        # The big request's first piece fills a batch; the small one goes next, before the big one's rest.
+        assert [len(batch) for batch in t.batches] == [2, 1, 2, 2, 2, 2]
+        assert t.batches[1] == [[7, 7, 7, 7]]
+    finally:
+        b.close(5)
+
+
+def test_html_markup_is_kept_and_text_nodes_are_lines():
+    text = 'Hi <a href="/x?a=1&amp;b=2">the <i>dog</i></a>!<br/>&lt;ok&gt;<!-- note -->'
+    parts = markup_parts(text)
+    assert markup_lines(parts) == ["Hi", "the", "dog", "!", "<ok>"]
+    out = markup_join(parts, ["1", "2", "3", "4", "<5>"])
+    assert out == '1 <a href="/x?a=1&amp;b=2">2 <i>3</i></a>4<br/>&lt;5&gt;<!-- note -->'
+
+
+def serve_once(run: Path, port: int = 0, settings: ServeSettings | None = None, options: dict | None = None):
+    from nmt import serve as serve_module
+    from nmt.config import DecodeOverrides
+
+    checkpoint, given = run / "checkpoints" / "best.pt", DecodeOverrides.given(**(options or {}))
+    serve_module.serve(checkpoint, "127.0.0.1", port, settings or ServeSettings(), given, "cpu", "fp32", None)
+
+
+def test_serve_without_its_extra_names_it(monkeypatch, synthetic_run):
+    monkeypatch.setitem(sys.modules, "uvicorn", None)
+    with pytest.raises(NmtError, match=r"pip install 'nmt\[serve\]'"):
+        serve_once(synthetic_run)
+
+
+def test_the_checkpoint_is_read_once_and_options_are_checked_by_the_config(monkeypatch, synthetic_run):
+    import nmt.checkpoint
+
+    reads = []
+    real = nmt.checkpoint.load_checkpoint
+    monkeypatch.setattr(nmt.checkpoint, "load_checkpoint", lambda p: reads.append(p) or real(p))
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        with pytest.raises(NmtError, match="cannot listen"):  # fails after loading: the model is there
+            serve_once(synthetic_run, port=taken.getsockname()[1])
+    finally:
+        taken.close()
+    assert len(reads) == 1
+    with pytest.raises(NmtError, match="--beam: must be at least 1"):
+        serve_once(synthetic_run, options={"beam": 0})
+    with pytest.raises(NmtError, match="--max-queue 0"):
+        serve_once(synthetic_run, settings=ServeSettings(max_queue=0))
+
+
+# ---- the page, in a real headless browser ----------------------------------------------------------
+
+
+def chromium_binary() -> str | None:
+    import shutil
+
+    return next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
+
+
+class Browser:
+    """Headless Chromium driven over the DevTools protocol (a websocket), in a fresh profile."""
+
+    def __init__(self, binary: str, profile: Path):
+        flags = "--headless --no-sandbox --disable-gpu --disable-quic --no-first-run "
+        flags += "--disable-background-networking --disable-component-update --disable-sync"
+        cmd = [
+            binary,
+            *flags.split(),
+            f"--user-data-dir={profile}",
+            "--remote-debugging-port=0",
+            "about:blank",
+        ]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        port_file = profile / "DevToolsActivePort"
+        deadline = time.monotonic() + 30
+        while not (port_file.exists() and port_file.read_text().strip()):
+            assert time.monotonic() < deadline and self.proc.poll() is None, "chromium did not start"
+            time.sleep(0.1)
+        port = int(port_file.read_text().split()[0])
+        while True:  # the page target appears a moment after the port
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as r:
+                pages = [t for t in json.loads(r.read()) if t["type"] == "page"]
+            if pages or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        from contextlib import ExitStack
+
+        from websockets.sync.client import connect
+
+        self.stack = ExitStack()
+        self.ws = self.stack.enter_context(connect(pages[0]["webSocketDebuggerUrl"], max_size=None))
+        self.next_id = 0
+
+    def call(self, method: str, **params) -> dict:
+        self.next_id += 1
+        self.ws.send(json.dumps({"id": self.next_id, "method": method, "params": params}))
+        while True:  # events come in between; the answer carries our id
+            message = json.loads(self.ws.recv(timeout=30))
+            if message.get("id") == self.next_id:
+                assert "error" not in message, message
+                return message["result"]
+
+    def evaluate(self, expression: str):
+        return self.call("Runtime.evaluate", expression=expression, returnByValue=True)["result"].get("value")
+
+    def wait_for(self, expression: str, timeout: float = 30):
+        deadline = time.monotonic() + timeout
+        while not (value := self.evaluate(expression)):
+            assert time.monotonic() < deadline, f"timed out waiting for {expression}"
+            time.sleep(0.1)
+        return value
+
+    def close(self) -> None:
+        self.stack.close()
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def test_the_page_translates_what_is_typed_in_a_real_browser(server, tmp_path):
+    binary = chromium_binary()
+    if binary is None:
+        pytest.skip("no chromium binary: apt-get install chromium (.ci/run installs it)")
+    pytest.importorskip("websockets", reason="drives the browser: pip install websockets (the dev extra)")
+    browser = Browser(binary, tmp_path / "profile")
+    try:
+        browser.call("Page.navigate", url=server.url + "/")
+        browser.wait_for("document.readyState === 'complete' && !!document.getElementById('source')")
+        assert "xx to yy" in browser.evaluate("document.querySelector('h1').textContent")
+        browser.evaluate("document.getElementById('source').focus()")
+        for char in "a b c d":  # typed key by key, as a person would
+            browser.call("Input.dispatchKeyEvent", type="keyDown", text=char, key=char)
+            browser.call("Input.dispatchKeyEvent", type="keyUp", key=char)
+        assert browser.evaluate("document.getElementById('source').value") == "a b c d"
+        shown = browser.wait_for("document.getElementById('result').textContent")
+        assert shown == "d c b a"
+        assert browser.evaluate("document.getElementById('status').textContent") == ""
+    finally:
+        browser.close()

@@ -60,7 +60,6 @@ def fresh_workdir(tmp_path: Path, data: Path, name: str = "run") -> Path:
     return workdir
 
 
-@pytest.mark.slow
 def test_the_reversal_task_is_learned(synthetic_run):
     """The session's shared model (450 updates, well under a minute on 2 cores) reverses sequences."""
     model, _, _ = load_model(synthetic_run / "checkpoints" / "best.pt")
@@ -154,6 +153,33 @@ def test_a_corrupt_last_checkpoint_falls_back_to_the_previous_one(tmp_path, synt
     assert "last.pt: not a readable nmt checkpoint" in text
     assert "resuming from" in text and "last.prev.pt (step 10)" in text
     assert load_checkpoint(last).train_state["progress"]["step"] == 30
+
+
+def test_a_damaged_last_checkpoint_is_set_aside_with_the_steps_written_after_the_one_resumed(
+    tmp_path, synthetic
+):
+    from rich.console import Console
+
+    workdir = fresh_workdir(tmp_path, synthetic)
+    cfg = make_config(max_steps=30, save_every=10)
+    train(cfg, workdir)
+    ckpts = workdir / "checkpoints"
+    data = bytearray((ckpts / "last.pt").read_bytes())  # 64 flipped bytes: the size stays, torch loads it
+    data[len(data) // 2 : len(data) // 2 + 64] = bytes(
+        b ^ 0xFF for b in data[len(data) // 2 : len(data) // 2 + 64]
+    )
+    (ckpts / "last.pt").write_bytes(bytes(data))
+    console = Console(stderr=True, record=True, width=400)
+    train(cfg, workdir, console=console)  # steps 21-30 again, from last.prev.pt
+    text = console.export_text()
+    assert "last.pt: damaged checkpoint" in text and "last.prev.pt (step 20)" in text
+    # The damaged file and what the abandoned run wrote after step 20 are kept aside, not averaged.
+    assert sorted(p.name for p in (ckpts / "set-aside").iterdir()) == ["best.pt", "last.pt", "step-30.pt"]
+    # Nothing unverified was rotated into last.prev.pt: it is still the good step 20.
+    assert load_checkpoint(ckpts / "last.prev.pt").train_state["progress"]["step"] == 20
+    assert load_checkpoint(ckpts / "last.pt").train_state["progress"]["step"] == 30
+    for path in [*step_checkpoints(ckpts), ckpts / "best.pt"]:
+        load_checkpoint(path)
 
 
 def test_step_checkpoints_hold_weights_only_and_average(tmp_path, synthetic):

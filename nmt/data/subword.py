@@ -13,13 +13,14 @@ data/spm.model and an exported folder carry it as they carry a SentencePiece mod
 from __future__ import annotations
 
 import base64
+import io
 import json
-import os
 import random
 from pathlib import Path
 
 import sentencepiece as spm
 
+from nmt import atomic
 from nmt.config import DataConfig
 from nmt.errors import DataError
 from nmt.tokens import BOS, EOS, PAD, UNK
@@ -54,17 +55,22 @@ def train_subword(text_files: list[Path], out_prefix: Path, data: DataConfig) ->
     memory than that sample. The sample is drawn here with a fixed seed, not by SentencePiece, whose own
     sampling differs from run to run: re-running preprocessing must give the same model, or a resumed
     run would train on remapped ids. Given the same lines, SentencePiece's training is deterministic.
-    The files are written under a temporary prefix and renamed, the model last, so an interrupted run
-    never leaves a .model that looks finished.
+    The lines are handed over in memory and the model comes back as bytes: SentencePiece records its
+    input and output paths in the model it writes, and a model that carries the work directory's path
+    would differ between two work directories (and tell every reader of a checkpoint where it was made);
+    nothing of the machine is recorded either, so the same lines and settings give the same bytes.
+    The files are written atomically, the model last, so an interrupted run never leaves a .model that
+    looks finished.
     """
-    out_prefix.parent.mkdir(parents=True, exist_ok=True)
-    tmp_prefix = out_prefix.with_name(out_prefix.name + ".part")
-    sample = out_prefix.with_name(out_prefix.name + ".sample.txt")
-    sample.write_text("".join(sample_lines(text_files, data.spm_sample_sentences)), encoding="utf-8")
+    sample = sample_lines(text_files, data.spm_sample_sentences)
+    if not sample:
+        names = " and ".join(str(p) for p in text_files)
+        raise DataError(f"{names}: no training sentences to build the vocabulary from (empty after cleaning)")
+    model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
-            input=str(sample),
-            model_prefix=str(tmp_prefix),
+            sentence_iterator=iter(sample),
+            model_writer=model,
             model_type=data.subword_type,
             vocab_size=data.vocab_size,
             character_coverage=data.character_coverage,
@@ -73,19 +79,21 @@ def train_subword(text_files: list[Path], out_prefix: Path, data: DataConfig) ->
             bos_id=BOS,
             eos_id=EOS,
             shuffle_input_sentence=False,
-            num_threads=os.cpu_count() or 1,
+            # num_threads is left at SentencePiece's default (16): a value set here is recorded in the
+            # model, so the machine's core count would make the same vocabulary differ in its bytes.
             minloglevel=2,
         )
     except RuntimeError as e:
         # SentencePiece's messages ("Vocabulary size too high (8000). Please set it to a value <= 5342.")
         # are already actionable; name the key that sets it.
         raise DataError(f"SentencePiece training on {text_files[0]} failed (data.vocab_size?): {e}") from None
-    finally:
-        sample.unlink(missing_ok=True)
-    model = Path(f"{out_prefix}.model")
-    os.replace(f"{tmp_prefix}.vocab", f"{out_prefix}.vocab")
-    os.replace(f"{tmp_prefix}.model", model)
-    return model
+    sp = Subword(model.getvalue())._sp
+    vocab = "".join(f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n" for i in range(sp.get_piece_size()))
+    out_prefix.parent.mkdir(parents=True, exist_ok=True)
+    path = Path(f"{out_prefix}.model")
+    atomic.write_text(f"{out_prefix}.vocab", vocab)  # the pieces and scores, for people to read
+    atomic.write_bytes(path, model.getvalue())
+    return path
 
 
 class Subword:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import hashlib
+import os
 import random
 import shutil
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ import torch
 from rich.console import Console
 
 from nmt.atomic import link_or_copy
-from nmt.checkpoint import Checkpoint, load_checkpoint, save_checkpoint, step_checkpoints
+from nmt.checkpoint import STEP_FILE, Checkpoint, load_checkpoint, save_checkpoint, step_checkpoints
 from nmt.config import Config, config_to_dict
 from nmt.data.loader import TrainData, shard
 from nmt.errors import CheckpointError
@@ -199,9 +200,19 @@ def check_resume(path: Path, ckpt: Checkpoint, cfg: Config, facts: dict) -> None
         )
 
 
-def find_resume_checkpoint(ckpt_dir: Path, console: Console) -> tuple[Path, Checkpoint] | None:
-    """last.pt, or when that is unreadable last.prev.pt; None for a fresh start."""
+SET_ASIDE = "set-aside"  # checkpoints/set-aside/: files a resumed run must not use, kept for inspection
+
+
+def find_resume_checkpoint(
+    ckpt_dir: Path, console: Console, set_aside: bool = True
+) -> tuple[Path, Checkpoint] | None:
+    """last.pt, or when that does not verify last.prev.pt; None for a fresh start.
+
+    A file that does not verify is moved to checkpoints/set-aside/ (by the main process, `set_aside`),
+    so the next save cannot rotate it over the good last.prev.pt as if it were a checkpoint.
+    """
     candidates = [ckpt_dir / "last.pt", ckpt_dir / "last.prev.pt"]
+    damaged: list[Path] = []
     for path in candidates:
         if not path.exists():
             continue
@@ -209,13 +220,48 @@ def find_resume_checkpoint(ckpt_dir: Path, console: Console) -> tuple[Path, Chec
             ckpt = load_checkpoint(path)
         except CheckpointError as e:
             console.print(f"[yellow]warning:[/] {e}; trying an older checkpoint", highlight=False)
+            damaged.append(path)
             continue
         if ckpt.train_state is None:
             continue
+        for bad in damaged if set_aside else []:
+            console.print(f"{bad.name} set aside as {move_aside(bad)}", highlight=False)
         return path, ckpt
     if any(p.exists() for p in candidates):
         raise CheckpointError(f"{ckpt_dir}: no readable checkpoint to resume from")
     return None
+
+
+def move_aside(path: Path) -> Path:
+    """Move a checkpoint into checkpoints/set-aside/, never over an earlier one set aside there."""
+    folder = path.parent / SET_ASIDE
+    folder.mkdir(exist_ok=True)
+    target, n = folder / path.name, 1
+    while target.exists():
+        target, n = folder / f"{path.name}.{n}", n + 1
+    os.replace(path, target)
+    return target
+
+
+def set_aside_later_steps(ckpt_dir: Path, step: int, console: Console) -> None:
+    """Step files written after `step` by a run whose last.pt was lost belong to a line of training
+    that the resumed run does not continue: averaging them with its own would mix two runs. best.pt
+    goes with them when it is one of them."""
+    later = [p for p in step_checkpoints(ckpt_dir) if int(STEP_FILE.search(p.name).group(1)) > step]
+    best = ckpt_dir / "best.pt"
+    if later and best.exists():
+        best_stat = best.stat()
+        if any(p.stat().st_ino == best_stat.st_ino and p.stat().st_dev == best_stat.st_dev for p in later):
+            later.append(best)
+    for path in later:
+        move_aside(path)
+    if later:
+        names = ", ".join(p.name for p in later)
+        console.print(
+            f"{names}: written after step {step} by the run being continued from an older checkpoint; "
+            f"set aside in {ckpt_dir / SET_ASIDE}",
+            highlight=False,
+        )
 
 
 def resume(
@@ -223,7 +269,7 @@ def resume(
 ) -> TrainProgress:
     """Load the newest readable training state into model, optimizer and scaler, after checking it
     continues this run; returns its progress (a fresh one when there is nothing to resume)."""
-    found = find_resume_checkpoint(ckpt_dir, console)
+    found = find_resume_checkpoint(ckpt_dir, console, set_aside=rt.is_main)
     if found is None:
         if cfg.data.init_from:  # fine-tuning: the weights start from the checkpoint, the optimizer fresh
             init_weights(model, cfg.data.init_from, data.subword)
@@ -231,6 +277,8 @@ def resume(
         return TrainProgress()
     path, ckpt = found
     check_resume(path, ckpt, cfg, run_facts(data, rt))
+    if rt.is_main:
+        set_aside_later_steps(ckpt_dir, ckpt.train_state["progress"]["step"], console)
     model.load_state_dict(ckpt.model_state)
     optimizer.load_state_dict(ckpt.train_state["optimizer"])
     if scaler is not None and ckpt.train_state["scaler"]:

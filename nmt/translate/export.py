@@ -96,7 +96,7 @@ def write_meta(path: Path, ckpt: Checkpoint, source: Path) -> None:
     meta = {
         "format": META_FORMAT,
         "version": 1,
-        "source": str(source),
+        "source": source.name,  # the file's name only: an export carries no path of the machine that made it
         "src_lang": ckpt.config.data.src_lang,
         "tgt_lang": ckpt.config.data.tgt_lang,
         "max_positions": ckpt.config.model.max_positions,

@@ -10,7 +10,7 @@ translation becomes a space, so every translation is exactly one line. Warnings 
 
 from __future__ import annotations
 
-import os
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -23,12 +23,30 @@ from rich.console import Console
 from nmt.config import DecodeConfig, DecodeOverrides
 from nmt.device import inference_dtype, resolve_device
 from nmt.errors import NmtError
+from nmt.output import output_stream, refuse_input_as_output, stdout, write_failed
 from nmt.progress import Progress, count_lines
 from nmt.translate.torch_engine import TorchEngine
 
 CHUNK_LINES = 2000  # lines read, sorted and batched together; their translations are flushed together
 # Every character str.splitlines() breaks on: none may survive inside one output line.
 LINE_BREAKS = str.maketrans(dict.fromkeys("\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029", " "))
+
+
+# SentencePiece's default max_sentencepiece_length, which nmt.data.subword keeps: the most characters
+# one subword covers.
+MAX_PIECE_CHARS = 16
+# C0 and C1 control characters but the tab: none is text; \n never reaches here, \r only at a line's end.
+CONTROLS = "".join(map(chr, [*range(0x00, 0x09), *range(0x0A, 0x20), *range(0x7F, 0xA0)]))
+CONTROL = re.compile(f"[{re.escape(CONTROLS)}]")
+CONTROL_TO_SPACE = str.maketrans(dict.fromkeys(CONTROLS, " "))
+
+
+def cut_line(line: str, max_chars: int) -> str:
+    """The first `max_chars` characters, ending at a space where there is one in the last quarter, so the
+    last word kept is whole and encodes as it would in the full line."""
+    head = line[:max_chars]
+    space = head.rfind(" ", max_chars * 3 // 4)
+    return head[:space] if space > 0 else head
 
 
 def one_line(text: str) -> str:
@@ -64,6 +82,10 @@ class LineTranslator:
     def __init__(self, engine, subword, decode: DecodeConfig, console: Console | None = None):
         self.engine, self.subword, self.decode, self.console = engine, subword, decode, console
         self.max_source = engine.max_positions - 1  # subwords before the EOS
+        # A line is cut to this many characters before SentencePiece sees it (a 50 MB line would cost
+        # minutes and gigabytes to encode whole): no subword is longer than MAX_PIECE_CHARS, so the cut
+        # keeps every character the model's max_source subwords can hold.
+        self.max_chars = self.max_source * MAX_PIECE_CHARS
 
     def translate(self, lines: list[str], prefixes: list[str] | None = None) -> list[str]:
         """One translation per line, in order; blank lines give empty strings."""
@@ -77,14 +99,16 @@ class LineTranslator:
         `first_line` numbers the lines in warnings (a stream passes the line number of lines[0]).
         `prefixes`, one per line ("" for none), are target text each translation must begin with.
         """
-        results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in lines]
+        cut = {i for i, line in enumerate(lines) if len(line) > self.max_chars}
+        lines = [cut_line(line, self.max_chars) if i in cut else line for i, line in enumerate(lines)]
+        lines = self.clean(lines, first_line)
         todo = [i for i, line in enumerate(lines) if line.strip()]
         sources: dict[int, list[int]] = {}
         for i, ids in zip(todo, self.subword.encode([lines[i] for i in todo]), strict=True):
-            if len(ids) > self.max_source:
-                self.warn(
-                    f"line {first_line + i}: {len(ids)} subwords, truncated to the model's {self.max_source}"
-                )
+            if i in cut or len(ids) > self.max_source:
+                size = f"over {self.max_chars:,} characters" if i in cut else f"{len(ids)} subwords"
+                limit = f"the model's {self.max_source} subwords"
+                self.warn(f"line {first_line + i}: {size}, truncated to {limit}")
                 ids = ids[: self.max_source]
             if ids:  # a line of characters the subword model drops entirely translates to nothing
                 sources[i] = ids
@@ -93,6 +117,17 @@ class LineTranslator:
             keys = [i for i in sources if prefixes[i].strip()]
             for i, ids in zip(keys, self.subword.encode_target([prefixes[i] for i in keys]), strict=True):
                 forced[i] = ids[: self.max_source]
+        return self.search_sources(len(lines), sources, forced)
+
+    def search_sources(
+        self, count: int, sources: dict[int, list[int]], forced: dict[int, list[int]] | None = None
+    ) -> list[list[tuple[str, float]]]:
+        """The n-best of `count` lines whose subword ids (truncated, non-empty) are `sources[i]`.
+
+        Lines missing from `sources` (blank ones) give [("", 0.0)]. The server encodes in its request
+        handlers and calls this from its model worker.
+        """
+        results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in range(count)]
         keys = list(sources)
         d = self.decode
         rows_per_sentence = d.nbest if d.sampling else d.beam  # decoder rows each sentence takes
@@ -103,6 +138,20 @@ class LineTranslator:
                 texts = self.subword.decode([h.tokens for h in hyps])
                 results[i] = [(one_line(text), h.score) for text, h in zip(texts, hyps, strict=True)]
         return results
+
+    def clean(self, lines: list[str], first_line: int) -> list[str]:
+        """Control characters (NUL, ESC, BEL, ...) become spaces, with one warning naming the lines, so a
+        line of nothing else is blank, as a blank line, rather than a sentence of unknown tokens."""
+        bad = [i for i, line in enumerate(lines) if CONTROL.search(line)]
+        if not bad:
+            return lines
+        lines = list(lines)
+        for i in bad:
+            lines[i] = lines[i].translate(CONTROL_TO_SPACE)
+        more = f" and {len(bad) - 10} more" if len(bad) > 10 else ""
+        shown = ", ".join(str(first_line + i) for i in bad[:10]) + more
+        self.warn(f"control characters replaced by spaces on line {shown}")
+        return lines
 
     def warn(self, message: str) -> None:
         if self.console is not None:
@@ -160,20 +209,45 @@ def decode_chunk(chunk: list[bytes], first_line: int, console: Console) -> list[
     if bad:
         more = f" and {len(bad) - 10} more" if len(bad) > 10 else ""
         shown = ", ".join(map(str, bad[:10])) + more
-        console.print(f"[yellow]warning:[/] invalid UTF-8 replaced on line {shown}", highlight=False)
+        console.print(
+            f"[yellow]warning:[/] invalid UTF-8 replaced on line {shown}", highlight=False, soft_wrap=True
+        )
     return [text for text, _ in decoded]
 
 
-def read_chunks(stream: BinaryIO, size: int) -> Iterator[list[bytes]]:
-    """Lines (split on b"\\n" only, the newline removed) in lists of `size`; size 1 answers each at once."""
+def read_chunks(stream: BinaryIO, size: int, max_bytes: int | None = None) -> Iterator[list[bytes]]:
+    """Lines (split on b"\\n" only, the newline removed) in lists of `size`; size 1 answers each at once.
+
+    A line over `max_bytes` keeps its first `max_bytes` bytes and the rest is skipped unread into
+    memory: a line too long for the model is cut before any work is spent on it.
+    """
     chunk: list[bytes] = []
-    while line := stream.readline():
+    while line := read_one(stream, max_bytes):
         chunk.append(line[:-1] if line.endswith(b"\n") else line)
         if len(chunk) >= size:
             yield chunk
             chunk = []
     if chunk:
         yield chunk
+
+
+def read_one(stream: BinaryIO, max_bytes: int | None) -> bytes:
+    """One line with its b"\\n" (b"" at the end), at most max_bytes of it kept."""
+    if max_bytes is None:
+        return stream.readline()
+    line = stream.readline(max_bytes)
+    if len(line) == max_bytes and not line.endswith(b"\n"):
+        while (rest := stream.readline(1 << 20)) and not rest.endswith(b"\n"):
+            pass
+        # Drop a character the cut split (continuation bytes 10xxxxxx and their lead byte): it is past
+        # what the translator keeps anyway, and must not read as invalid UTF-8.
+        end = len(line)
+        while end > len(line) - 3 and line[end - 1] & 0xC0 == 0x80:
+            end -= 1
+        if line[end - 1] >= 0xC0:
+            end -= 1
+        line = line[:end] + b"\n"
+    return line
 
 
 def format_lines(nbest: list[list[tuple[str, float]]], first_index: int, scored: bool) -> bytes:
@@ -254,36 +328,43 @@ def translate_stream(
     `scored` (or decode.nbest > 1) switches to the format `index<TAB>score<TAB>text`, index the 0-based
     input line. `prefix` is a file of target prefixes, one per input line.
     """
+    # Before anything is opened for writing: an output that is an input would be emptied before it is read.
+    refuse_input_as_output(output, [input, prefix])
+    if output is None:
+        stdout()  # a closed standard output is one line now, not after the model has loaded
     translator, decode = load_translator(model_path, overrides, device, dtype, engine, console)
     source = open_input(input)
     prefixes = open_input(prefix) if prefix is not None else None
     interactive = interactive or (input is None and sys.stdin.isatty())
-    sink = open_output(output)
+    max_bytes = 4 * translator.max_chars + 4  # UTF-8: enough bytes for the characters kept, no more read
     start, done = time.perf_counter(), 0
     progress = translation_progress(input, output, interactive, console)
     try:
-        for chunk in read_chunks(source, 1 if interactive else CHUNK_LINES):
-            lines = decode_chunk(chunk, done + 1, console)
-            wanted = None
-            if prefixes is not None:
-                wanted = decode_chunk(
-                    [read_line(prefixes, prefix, done + i + 1) for i in range(len(chunk))], done + 1, console
-                )
-            results = translator.translate_nbest(lines, first_line=done + 1, prefixes=wanted)
-            sink.write(format_lines(results, done, scored=scored or decode.nbest > 1))
-            sink.flush()
-            done += len(chunk)
-            progress.advance(len(chunk))
-    except BrokenPipeError:  # `nmt translate ... | head`: the reader is gone, nothing left to say
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush cannot fail
-        return
+        with output_stream(output) as sink:
+            for chunk in read_chunks(source, 1 if interactive else CHUNK_LINES, max_bytes):
+                lines = decode_chunk(chunk, done + 1, console)
+                wanted = None
+                if prefixes is not None:
+                    wanted = decode_chunk(
+                        [read_line(prefixes, prefix, done + i + 1, max_bytes) for i in range(len(chunk))],
+                        done + 1,
+                        console,
+                    )
+                results = translator.translate_nbest(lines, first_line=done + 1, prefixes=wanted)
+                sink.write(format_lines(results, done, scored=scored or decode.nbest > 1))
+                sink.flush()
+                done += len(chunk)
+                progress.advance(len(chunk))
+    except OSError as e:  # the results' destination failed: a full disk, a reader gone (`| head`)
+        problem = write_failed(e, str(output) if output is not None else "standard output")
+        if problem is None:
+            raise  # the command line's boundary ends quietly
+        raise problem from None
     finally:
         progress.close()
         for stream in (source, prefixes):
             if stream is not None and stream is not sys.stdin.buffer:
                 stream.close()
-        if sink is not sys.stdout.buffer:
-            sink.close()
     if not interactive:
         seconds = time.perf_counter() - start
         console.print(f"translated {done} lines in {seconds:.1f} s ({done / max(seconds, 1e-9):.1f} lines/s)")
@@ -298,9 +379,9 @@ def translation_progress(input: Path | None, output: Path | None, interactive: b
     return Progress(console, f"translate {input.name if input is not None else 'stdin'}", total)
 
 
-def read_line(stream: BinaryIO, path: Path, number: int) -> bytes:
+def read_line(stream: BinaryIO, path: Path, number: int, max_bytes: int | None = None) -> bytes:
     """Line `number` of a file read alongside the input; running out first is the user's mistake."""
-    line = stream.readline()
+    line = read_one(stream, max_bytes)
     if not line:
         raise NmtError(f"{path}: has no line {number}; give one prefix line (blank for none) per input line")
     return line[:-1] if line.endswith(b"\n") else line
@@ -313,12 +394,3 @@ def open_input(path: Path | None) -> BinaryIO:
         return open(path, "rb")
     except OSError as e:
         raise NmtError(f"{path}: cannot read the input: {e.strerror}") from None
-
-
-def open_output(path: Path | None) -> BinaryIO:
-    if path is None:
-        return sys.stdout.buffer
-    try:
-        return open(path, "wb")
-    except OSError as e:
-        raise NmtError(f"{path}: cannot write the output: {e.strerror}") from None

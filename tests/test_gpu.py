@@ -1,0 +1,598 @@
+"""The GPU path: bf16 training, the fused loss, the pinned loader, cached bf16 decoding, compiled training,
+device-to-CPU checkpoints and exact resume, each against its reference.
+
+Every test takes the device as a parameter. The `cuda` case carries `@pytest.mark.gpu` and skips without
+a CUDA GPU (benchmarks/gpu_check.py runs `pytest -m gpu` on one); the `cpu` case runs in the normal suite,
+so each test's logic has run before a GPU ever sees it.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from rich.console import Console
+
+from nmt.data.binarized import ParallelData
+from nmt.data.loader import Loader, Update, prepare, to_device, update_plan
+from nmt.device import DTYPES, resolve_device
+from nmt.model import Transformer
+from nmt.tokens import BOS, EOS, PAD
+from nmt.train.loss import label_smoothed_nll, projected_label_smoothed_nll
+from nmt.train.runtime import Runtime
+from nmt.train.update import forward_backward, optimizer_step
+
+from .synthetic import make_config, make_workdir, reverse
+
+CUDA = torch.cuda.is_available()
+NO_CUDA = "needs a CUDA GPU (torch.cuda.is_available() is False here)"
+ON_CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason=NO_CUDA)])
+DEVICES = pytest.mark.parametrize("device", ["cpu", ON_CUDA])
+VOCAB = 64
+
+
+@pytest.fixture(autouse=True)
+def exact_fp32():
+    """fp32 means fp32: no TF32 matmuls (nmt's runtime turns them on for training on a GPU)."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+@pytest.fixture(scope="module")
+def reversal(tmp_path_factory) -> Path:
+    """Preprocessed data of the reversal task (tests/synthetic.py), shared by this module's tests."""
+    root = tmp_path_factory.mktemp("reversal")
+    make_workdir(root, n_train=2000, n_valid=40)
+    return root / "data"
+
+
+def fresh_workdir(tmp_path: Path, data: Path, name: str = "run") -> Path:
+    workdir = tmp_path / name
+    workdir.mkdir()
+    (workdir / "data").symlink_to(data)
+    return workdir
+
+
+def random_update(device: str, seed: int, sizes=((6, 9, 8), (4, 12, 11))) -> Update:
+    """An update of micro-batches (rows, source length, target length) of random ids with padding."""
+    g = torch.Generator().manual_seed(seed)
+    batches, targets = [], 0
+    for rows, s, t in sizes:
+        src = torch.randint(4, VOCAB, (rows, s), generator=g)
+        tgt = torch.randint(4, VOCAB, (rows, t), generator=g)
+        for r in range(1, rows, 2):  # every other row shorter: padding on both sides
+            src[r, s - 1 - r // 2 :] = PAD
+            tgt[r, t - 1 - r // 2 :] = PAD
+        src[torch.arange(rows), (src != PAD).sum(1) - 1] = EOS
+        # y is a row's real tokens but the last: tgt_in = BOS y, tgt_out = y EOS, as collate makes them
+        tgt_in = torch.cat([torch.full((rows, 1), BOS), tgt[:, :-1]], 1)
+        tgt_out = tgt.clone()
+        tgt_out[torch.arange(rows), (tgt != PAD).sum(1) - 1] = EOS
+        targets += int((tgt_out != PAD).sum())
+        batches.append((src, tgt_in, tgt_out))
+    update = Update(batches, torch.tensor([float(targets)]), targets, 0, 0, 0, 0)
+    return to_device(update, resolve_device(device))
+
+
+def tiny_model(device: str, seed: int = 0, dtype: torch.dtype = torch.float32, **overrides) -> Transformer:
+    torch.manual_seed(seed)
+    cfg = dataclasses.replace(make_config().model, dropout=0.0, **overrides)
+    return Transformer(cfg, VOCAB).to(device=device, dtype=dtype)
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """||got - want|| / ||want||, in float64."""
+    got, want = got.double(), want.double()
+    return ((got - want).norm() / want.norm().clamp(min=1e-30)).item()
+
+
+def gradients(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Training in bf16
+
+
+@DEVICES
+def test_a_bf16_update_gives_the_fp32_loss_and_gradients(device):
+    """One update of two micro-batches through the trainer's forward/backward under bf16 autocast: the
+    loss within 1%, every parameter's gradient within 5% (norm of the difference over the norm), the
+    weights and gradients still fp32 (autocast keeps fp32 master weights)."""
+    update = random_update(device, seed=1)
+    norm = 1 / update.target_tokens
+    results = {}
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        model = tiny_model(device).train()
+        rt = Runtime(device=resolve_device(device), dtype=dtype)
+        sums = forward_backward(model, model.output_weight, update.batches, norm, 0.1, rt, None)
+        results[name] = (sums.cpu(), gradients(model))
+    (sums32, grads32), (sums16, grads16) = results["fp32"], results["bf16"]
+    assert sums16.dtype == torch.float32
+    assert not torch.equal(sums16, sums32)  # bf16 really ran: some rounding differs
+    torch.testing.assert_close(sums16, sums32, rtol=0.01, atol=0)
+    assert grads16.keys() == grads32.keys() and len(grads32) == len(list(tiny_model("cpu").parameters()))
+    for name, g in grads16.items():
+        assert g.dtype == torch.float32, name
+        assert relative_error(g, grads32[name]) < 0.05, (name, relative_error(g, grads32[name]))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The fused output projection and loss
+
+
+@DEVICES
+@pytest.mark.parametrize("chunk", ["one", "default", "odd"])
+def test_the_fused_loss_on_the_device_equals_the_reference(device, chunk):
+    """projected_label_smoothed_nll in fp32 against the plain loss of the projected logits in float64,
+    values and gradients. On a GPU at WMT's shapes (37,000 subwords, d_model 512): the default chunk
+    there is 2^26 logits, ~1,800 rows, so 6,000 rows are several chunks; `one` is a single chunk of
+    all rows, `odd` chunks that do not divide them."""
+    rows, vocab, d = (6000, 37000, 512) if device == "cuda" else (300, 1000, 32)
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(rows // 20, 20, d, generator=g).to(device).requires_grad_()
+    weight = (torch.randn(vocab, d, generator=g) / d**0.5).to(device).requires_grad_()
+    target = torch.randint(4, vocab, (rows // 20, 20), generator=g)
+    target[::3, 15:] = PAD
+    target = target.to(device)
+    size = {"one": rows, "default": 0, "odd": 97}[chunk]
+    loss, nll = projected_label_smoothed_nll(hidden, weight, target, 0.1, PAD, chunk=size)
+    got = torch.autograd.grad(loss, (hidden, weight))
+
+    h64, w64 = hidden.detach().double().requires_grad_(), weight.detach().double().requires_grad_()
+    ref_loss, ref_nll = label_smoothed_nll(h64 @ w64.t(), target, 0.1, PAD)
+    want = torch.autograd.grad(ref_loss, (h64, w64))
+    assert loss.dtype == torch.float32 and loss.device.type == device
+    assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-5)
+    assert nll.item() == pytest.approx(ref_nll.item(), rel=1e-5)
+    for a, b in zip(got, want, strict=True):
+        assert a.dtype == torch.float32
+        assert relative_error(a, b) < 1e-4
+    assert got[0][0, 15:].abs().max() == 0  # padding rows get no gradient
+
+
+@DEVICES
+def test_the_fused_loss_under_bf16_autocast_matches_autocast_linear(device):
+    """Under autocast the fused loss projects in bf16 as F.linear would, and sums in fp32."""
+    rows, vocab, d = (4000, 37000, 512) if device == "cuda" else (300, 1000, 32)
+    g = torch.Generator().manual_seed(1)
+    hidden = torch.randn(rows, d, generator=g).to(device).requires_grad_()
+    weight = (torch.randn(vocab, d, generator=g) / d**0.5).to(device).requires_grad_()
+    target = torch.randint(4, vocab, (rows,), generator=g).to(device)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        loss, _ = projected_label_smoothed_nll(hidden, weight, target, 0.1, PAD, chunk=0)
+        ref, _ = label_smoothed_nll(F.linear(hidden, weight), target, 0.1, PAD)
+    assert loss.dtype == torch.float32
+    assert loss.item() == pytest.approx(ref.item(), rel=2e-3)
+    got = torch.autograd.grad(loss, (hidden, weight))
+    want = torch.autograd.grad(ref, (hidden, weight))
+    for a, b in zip(got, want, strict=True):
+        assert a.dtype == torch.float32
+        assert relative_error(a, b) < 0.02
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The loader
+
+
+def spin_cycles(seconds: float) -> int:
+    """GPU clock cycles that torch.cuda._sleep spins for at least `seconds`."""
+    cycles = 1 << 20
+    while True:
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        torch.cuda._sleep(cycles)
+        torch.cuda.synchronize()
+        if time.perf_counter() - start >= seconds:
+            return cycles
+        cycles *= 4
+
+
+@DEVICES
+def test_the_loader_pins_and_copies_without_blocking(device, reversal):
+    """The background loader gives the updates that `prepare` collates, on the device. On a GPU the
+    host tensors are pinned and the copies are queued: they return while a kernel still runs before
+    them on the stream, and arrive intact."""
+    data = ParallelData(reversal / "train")
+    cfg = make_config(batch_tokens=256, update_tokens=512)  # two micro-batches an update
+    plan = update_plan(data, cfg, 0, 1, 0, 0)
+    want = [prepare(data, next(plan), pin=False) for _ in range(3)]
+    # resolve_device: cuda:0, as the trainer passes it; the loader's thread selects the GPU by its index
+    with Loader(data, update_plan(data, cfg, 0, 1, 0, 0), resolve_device(device)) as loader:
+        got = [next(loader) for _ in range(3)]
+    for a, b in zip(got, want, strict=True):
+        assert len(a.batches) == len(b.batches) == 2 and a.targets == b.targets
+        assert a.target_tokens.device.type == device
+        for x, y in zip(a.batches, b.batches, strict=True):
+            assert all(t.device.type == device for t in x)
+            assert all(torch.equal(s.cpu(), t) for s, t in zip(x, y, strict=True))
+    if device != "cuda":
+        return
+    pinned = prepare(data, next(update_plan(data, cfg, 0, 1, 0, 0)), pin=True)
+    assert pinned.target_tokens.is_pinned() and all(t.is_pinned() for b in pinned.batches for t in b)
+    host = [t.clone() for b in pinned.batches for t in b]
+    cycles = spin_cycles(0.2)
+    torch.cuda._sleep(cycles)  # the stream is busy for 0.2 s or more
+    moved = to_device(pinned, resolve_device(device))
+    still_busy = not torch.cuda.current_stream().query()
+    torch.cuda.synchronize()
+    assert still_busy, "to_device waited for the stream: the copies were not asynchronous"
+    arrived = [t.cpu() for b in moved.batches for t in b]
+    assert all(torch.equal(a, b) for a, b in zip(arrived, host, strict=True))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Decoding
+
+
+@DEVICES
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_cached_decoding_equals_recomputation(device, precision):
+    """Logits of step-by-step decoding with the key/value cache, as search runs it, against the whole
+    prefix recomputed, in the weights' dtype. bf16: within 2% of the logits' range (the two orders of
+    summation round differently) and the same best token nearly everywhere."""
+    dtype = DTYPES[precision]
+    model = tiny_model(device, seed=2, dtype=dtype, norm="pre").eval()
+    g = torch.Generator().manual_seed(3)
+    src = torch.randint(4, VOCAB, (4, 9), generator=g)
+    src[1, 5:] = PAD
+    tgt = torch.randint(4, VOCAB, (4, 12), generator=g)
+    src, tgt = src.to(device), tgt.to(device)
+    with torch.inference_mode():
+        full = model(src, tgt).float()  # (B, T, V)
+        memory, keep = model.encode(src)
+        state = model.init_state(memory, keep, max_len=tgt.shape[1])
+        steps = []
+        for t in range(tgt.shape[1]):
+            logits, state = model.step(tgt[:, t], state)
+            steps.append(logits.float())
+    cached = torch.stack(steps, 1)  # (B, T, V)
+    assert cached.dtype == torch.float32 and steps[0].device.type == device
+    if dtype == torch.float32:
+        torch.testing.assert_close(cached, full, rtol=1e-4, atol=1e-4)
+        return
+    span = (full.amax() - full.amin()).item()
+    assert (cached - full).abs().max().item() < 0.02 * span
+    assert (cached.argmax(-1) == full.argmax(-1)).float().mean().item() >= 0.9
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Compiled training
+
+
+@pytest.mark.parametrize(
+    "device, precision",
+    [
+        pytest.param("cpu", "fp32", marks=pytest.mark.slow),  # compiling takes 30 s to minutes on a CPU
+        pytest.param("cuda", "fp32", marks=ON_CUDA.marks),
+        pytest.param("cuda", "bf16", marks=ON_CUDA.marks),
+    ],
+)
+def test_the_compiled_training_step_equals_eager(device, precision, monkeypatch):
+    """Three updates of the trainer's step, compiled as `nmt train` compiles it and eager, from the same
+    weights: the same losses and gradients at every update (fp32 within 1e-4, bf16 within 2% and 5%),
+    the same weights after. A compile failure fails the test (the trainer would fall back to eager)."""
+    import torch._dynamo
+    import torch.fx.experimental._config as fx_config
+    from torch._dynamo.utils import counters
+
+    from nmt.train.runtime import compile_for_training
+
+    # compile_for_training sets these for the process; put them back after the test
+    monkeypatch.setattr(torch._dynamo.config, "suppress_errors", torch._dynamo.config.suppress_errors)
+    monkeypatch.setattr(fx_config, "use_duck_shape", fx_config.use_duck_shape)
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch._dynamo.reset()
+    counters.clear()
+    rt = Runtime(device=resolve_device(device), dtype=DTYPES[precision])
+    eager = tiny_model(device).train()
+    compiled = copy.deepcopy(eager)
+    net = compile_for_training(compiled)
+    torch._dynamo.config.suppress_errors = False  # here a failure to compile is what we look for
+    try:
+        exact = precision == "fp32"
+        for seed in range(3):  # other shapes each update: the dynamic graph serves them all
+            sizes = ((5 + seed, 7 + 2 * seed, 6 + seed), (3, 10 + seed, 9))
+            update = random_update(device, seed=10 + seed, sizes=sizes)
+            norm = 1 / update.target_tokens
+            s_e = forward_backward(eager, eager.output_weight, update.batches, norm, 0.1, rt, None)
+            s_c = forward_backward(net, compiled.output_weight, update.batches, norm, 0.1, rt, None)
+            torch.testing.assert_close(s_c, s_e, rtol=1e-4 if exact else 0.02, atol=0)
+            g_e, g_c = gradients(eager), gradients(compiled)
+            assert g_c.keys() == g_e.keys()
+            for name in g_e:
+                assert relative_error(g_c[name], g_e[name]) < (1e-4 if exact else 0.05), name
+            for model in (eager, compiled):
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.01)  # a plain step: weights move alike
+                optimizer_step(model, optimizer, None, 0.0)
+        for (name, a), b in zip(eager.state_dict().items(), compiled.state_dict().values(), strict=True):
+            assert relative_error(b, a) < (1e-4 if exact else 0.02), name
+        assert counters["stats"]["unique_graphs"] >= 1, "nothing was compiled"
+    finally:
+        torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+        torch._dynamo.reset()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Checkpoints and resume
+
+
+@DEVICES
+def test_a_checkpoint_trained_on_the_device_translates_the_same_on_the_cpu(device, reversal, tmp_path):
+    """`nmt train` on the device (bf16 autocast where the GPU has it, the recipe default), then the
+    checkpoint translated in fp32 on the device and on the CPU: the same lines."""
+    from nmt.config import DecodeOverrides
+    from nmt.train import train
+    from nmt.translate import load_translator
+
+    workdir = fresh_workdir(tmp_path, reversal)
+    steps = 300 if device == "cuda" else 120  # seconds either way; a surer model has fewer near-ties
+    cfg = make_config(max_steps=steps, save_every=steps, device=device, threads=1, peak_lr=0.002)
+    threads = torch.get_num_threads()
+    try:
+        best = train(cfg, workdir, console=Console(quiet=True))
+    finally:
+        torch.set_num_threads(threads)  # train() set the process's threads to the recipe's
+    lines = (reversal / "valid.xx").read_text().splitlines()[:40]
+    quiet = Console(quiet=True)
+    on_cpu, _ = load_translator(best, DecodeOverrides(), "cpu", "fp32", "torch", quiet)
+    on_device, _ = load_translator(best, DecodeOverrides(), device, "fp32", "torch", quiet)
+    got, want = on_device.translate(lines), on_cpu.translate(lines)
+    assert got == want
+    # a model that has learned something (ties, where devices could differ, are then rare): words in
+    # the right place, of 16 letters
+    pairs = [zip(h.split(), reverse(s).split(), strict=False) for h, s in zip(got, lines, strict=True)]
+    right = [a == b for words in pairs for a, b in words]
+    assert sum(right) / len(right) > 0.3
+
+
+@pytest.mark.parametrize("device", [pytest.param("cpu", marks=pytest.mark.slow), ON_CUDA])  # three runs
+def test_a_killed_run_on_the_device_resumes_bit_exact_in_fp32_eager(device, reversal, tmp_path):
+    """As tests/test_train.py's resume test, on the device: straight, and SIGKILLed after its first
+    checkpoint then resumed, in fp32 without compiling: bit-identical final weights. On a GPU the run
+    is longer, so that the kill lands before the end."""
+    from .test_train import ENV, killed_and_resumed_equals_straight
+
+    steps, every = (300, 20) if device == "cuda" else (30, 10)
+    cfg = make_config(max_steps=steps, save_every=every, device=device, precision="fp32", compile=False)
+    killed_and_resumed_equals_straight(tmp_path, reversal, cfg, env=ENV)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# benchmarks/gpu_check.py, tiny, on the CPU
+
+
+def gpu_check():
+    import importlib
+
+    return importlib.import_module("gpu_check")  # benchmarks/ is on the path (tests/__init__.py)
+
+
+def multi30k_like(root: Path) -> Path:
+    """A work directory laid out as `nmt preprocess multi30k-en-de` leaves it, of the reversal task."""
+    import random
+
+    from nmt.data.binarized import write_split
+
+    from .synthetic import make_subword, sentence
+
+    data = root / "data"
+    subword = make_subword(data)
+    rng = random.Random(1)
+    for split, n in (("train", 1000), ("valid", 20), ("test", 20)):
+        src = [sentence(rng) for _ in range(n)]
+        tgt = [reverse(s) for s in src]
+        if split == "test":
+            (data / "test").mkdir()
+            (data / "test" / "test_2016_flickr.en").write_text("\n".join(src) + "\n")
+            (data / "test" / "test_2016_flickr.de").write_text("\n".join(tgt) + "\n")
+            continue
+        write_split(data / split, subword.encode(src), subword.encode(tgt), vocab_size=subword.vocab_size)
+        if split == "valid":
+            (data / "valid.en").write_text("\n".join(src) + "\n")
+            (data / "valid.de").write_text("\n".join(tgt) + "\n")
+    return root
+
+
+def run_gpu_check(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    """As on a bare GPU machine: from the source tree with PYTHONPATH=., not the installed package."""
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, str(root / "benchmarks" / "gpu_check.py"), *args]
+    return subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_the_gpu_check_runs_every_stage_tiny_on_the_cpu(tmp_path):
+    """`gpu_check.py --tiny` end to end (a minute or two on 2 shared cores): every stage ran, and the
+    report holds what each one measured."""
+    import importlib.util
+    import json
+
+    out = tmp_path / "out"
+    done = run_gpu_check(str(out), "--tiny", "--data", str(multi30k_like(tmp_path / "m30k")))
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    stages = report["stages"]
+    assert list(stages) == [s.name for s in gpu_check().STAGES]
+    assert {n: e["status"] for n, e in stages.items()} == dict.fromkeys(stages, "ok"), stages
+    assert report["tiny"] and report["finished"]
+
+    env = stages["environment"]["figures"]
+    assert env["torch"] == torch.__version__ and env["cuda"] == CUDA
+
+    tests = stages["tests"]["figures"]
+    assert len(tests["tests"]) >= 12  # every CUDA case of this module, and no CPU case
+    assert all(t["test"].startswith("test_gpu::") and "cuda" in t["test"] for t in tests["tests"])
+    if not CUDA:
+        assert tests["counts"]["skipped"] == len(tests["tests"])
+        assert all("needs a CUDA GPU" in t["message"] for t in tests["tests"])
+
+    for name in ("train-base-eager", "train-base-compiled", "train-big-eager", "train-big-compiled"):
+        f = stages[name]["figures"]
+        assert f["recipe"] == f"wmt14-en-de-{name.split('-')[1]}" and f["mode"] == name.split("-")[2]
+        assert f["dtype"] == "bfloat16" and f["accumulation"] == 2
+        assert f["target_tokens_per_s"] > 0 and f["peak_memory_bytes"] > 0
+        mfu = 6 * f["parameters"] * f["target_tokens_per_s"] / f["matmul_flops_per_s"]
+        assert f["mfu_6n"] == pytest.approx(mfu) and f["mfu"] > 0
+        assert 0 <= f["end_to_end_data_wait"] < 1
+
+    decode = stages["decode"]
+    engines = [r["engine"] for r in decode["figures"]["rows"]]
+    if importlib.util.find_spec("ctranslate2"):
+        assert engines == ["nmt fp32", "CTranslate2 float32", "CTranslate2 int8"]
+    else:
+        assert engines == ["nmt fp32"] and "ctranslate2 is not importable" in decode["notes"][0]
+    assert all(r["target_tokens_per_s"] > 0 for r in decode["figures"]["rows"])
+    assert decode["figures"]["rows"][0]["nmt_time_over_engine_time"] == 1.0
+
+    demo = stages["demo"]["figures"]
+    assert demo["training"]["updates"] > 0
+    bleu = demo["tests"]["test_2016_flickr"]
+    assert 0 <= bleu["bleu"] <= 100 and bleu["signature"].startswith("nrefs:1")
+
+    md = (out / "report.md").read_text()
+    for name in stages:
+        assert f"| {name} | ok |" in md
+    assert "## Targets" in md and "| MFU base >= 30% |" in md
+    assert md.count("| wmt14-en-de-b") == 4 and "| nmt fp32 |" in md
+    assert f"test_2016_flickr: sacreBLEU {bleu['bleu']}" in md
+    assert (out / "logs" / "demo.log").read_text()
+
+
+def test_a_stage_out_of_time_is_recorded_and_the_rest_still_reported(tmp_path):
+    """A stage killed at its cap is a failed stage with its log's end; a stage the budget cannot hold
+    is skipped with the reason and the command that runs it alone; the report is still written."""
+    import json
+
+    out = tmp_path / "out"
+    done = run_gpu_check(str(out), "--tiny", "--stages", "environment,decode", "--budget", "0.5", timeout=60)
+    assert done.returncode == 0, done.stderr
+    stages = json.loads((out / "report.json").read_text())["stages"]
+    assert stages["environment"]["status"] == "failed"
+    assert stages["environment"]["reason"].startswith("timed out after")
+    assert stages["decode"] == {
+        "status": "skipped",
+        "reason": "the 0-second budget was spent before it; run it alone with --stages decode",
+    }
+    md = (out / "report.md").read_text()
+    assert "| environment | failed |" in md and "| decode | skipped |" in md and "## Failures" in md
+
+
+def test_bad_arguments_are_one_line_and_exit_2(tmp_path, capsys):
+    check = gpu_check()
+    assert check.main([str(tmp_path / "out"), "--stages", "tests,nope"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: --stages: no stage 'nope'; stages: " + ", ".join(s.name for s in check.STAGES)
+    )
+    assert check.main([str(tmp_path / "out"), "--data", str(tmp_path)]) == 2
+    assert "no preprocessed data there" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_stage_gets_its_cap_or_what_the_later_stages_leave():
+    check = gpu_check()
+    tests, demo = check.BY_NAME["tests"], check.BY_NAME["demo"]
+    assert check.stage_budget(tests, left=1000, later=[demo], tiny=False) == tests.cap
+    assert check.stage_budget(tests, left=200, later=[demo], tiny=False) == 200 - demo.minimum
+    assert check.stage_budget(tests, left=200, later=[demo], tiny=True) == 200  # --tiny keeps nothing
+
+
+def test_carried_wheels_are_unpacked_onto_the_stages_path(tmp_path):
+    """--wheels: a machine without a package index gets pytest or ctranslate2 from wheels carried along."""
+    import argparse
+    import zipfile
+
+    check = gpu_check()
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    with zipfile.ZipFile(wheels / "carried-1.0-py3-none-any.whl", "w") as z:
+        z.writestr("carried/__init__.py", "VALUE = 42\n")
+        z.writestr("carried-1.0.dist-info/METADATA", "Name: carried\nVersion: 1.0\n")
+    report: dict = {}
+    args = argparse.Namespace(wheels=wheels)
+    env = check.child_env(tmp_path / "out", args, report)
+    assert report["wheels"] == f"unpacked carried from {wheels}"
+    code = "import carried, nmt; print(carried.VALUE)"
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert done.stdout.strip() == "42", done.stderr  # and nmt from the source tree, not from tmp_path
+    empty = tmp_path / "none"
+    empty.mkdir()
+    assert check.install_wheels(empty, tmp_path / "t") == (None, f"--wheels {empty}: no .whl files there")
+
+
+def test_a_stopped_check_kills_its_stage_and_says_where_it_stopped(tmp_path):
+    """SIGTERM (a scheduler's limit) to the check: the running stage's processes end with it, exit 130,
+    and the report names the stage it stopped in."""
+    import json
+
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    cmd = [sys.executable, str(root / "benchmarks" / "gpu_check.py"), str(out), "--tiny", "--stages=tests"]
+    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (out / "report.json").exists() or "running" not in (out / "report.json").read_text():
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(0.5)
+    children = [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and is_child_of(p, proc.pid)]
+    assert children  # the stage is running in its own process
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 130
+    assert not any(Path("/proc", pid).exists() and not is_zombie(pid) for pid in children)
+    report = json.loads((out / "report.json").read_text())
+    assert report["stages"]["tests"] == {"status": "failed", "reason": "the check was stopped during it"}
+    assert "stopped" in report and "| tests | failed |" in (out / "report.md").read_text()
+
+
+def is_child_of(proc: Path, parent: int) -> bool:
+    try:
+        return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == parent
+    except (OSError, IndexError, ValueError):
+        return False
+
+
+def is_zombie(pid: str) -> bool:
+    try:
+        return Path("/proc", pid, "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_the_tests_that_ended_are_kept_when_the_stage_is_cut_short():
+    """The tests stage reads pytest's verbose lines as they come, so a stage stopped at its cap still
+    reports every test that ended before."""
+    check = gpu_check()
+    lines = [
+        "tests/test_gpu.py::test_a[cuda] PASSED                                   [  8%]",
+        "tests/test_gpu.py::test_b[cuda-bf16] FAILED                              [ 16%]",
+        "tests/test_gpu.py::test_c[cuda] SKIPPED (needs a CUDA GPU)               [ 25%]",
+        "E       AssertionError: tests/test_gpu.py::test_a[cuda] PASSED",
+    ]
+    found = [m.groups() for line in lines if (m := check.VERBOSE_OUTCOME.match(line))]
+    assert found == [
+        ("tests/test_gpu.py::test_a[cuda]", "PASSED"),
+        ("tests/test_gpu.py::test_b[cuda-bf16]", "FAILED"),
+        ("tests/test_gpu.py::test_c[cuda]", "SKIPPED"),
+    ]
+    seen = [{"test": t, "outcome": o.lower(), "message": "", "seconds": None} for t, o in found]
+    partial = check.test_result(seen, None, "incomplete: pytest was still running")
+    assert partial["status"] == "failed" and partial["reason"] == "incomplete: pytest was still running"
+    assert partial["figures"]["counts"] == {"passed": 1, "failed": 1, "skipped": 1, "errors": 0}
+    assert check.test_result(seen, 1)["reason"] == "1 of 3 tests failed"
+    whole = check.test_result(seen[::2], 0)
+    assert (whole["status"], whole["reason"]) == ("ok", None)
+    assert whole["figures"]["counts"] == {"passed": 1, "failed": 0, "skipped": 1, "errors": 0}
