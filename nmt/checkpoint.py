@@ -107,7 +107,7 @@ def load_checkpoint(path: Path) -> Checkpoint:
 
     field("config", isinstance(payload.get("config"), dict), "missing or not a mapping")
     try:
-        config = config_from_dict(payload["config"], source=f"{path}: field config")
+        config = config_from_dict(payload["config"], source=f"{path}: field config", corpora=False)
     except ConfigError as e:
         raise CheckpointError(str(e)) from None
     vocab_size = payload.get("vocab_size")

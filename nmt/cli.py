@@ -94,6 +94,23 @@ MirrorOpt = Annotated[
 ]
 
 
+InitFromOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--init-from",
+        help="Fine-tune: start from this checkpoint's weights and subwords (sets data.init_from).",
+    ),
+]
+
+
+def _overrides(overrides: list[str] | None, init_from: Path | None) -> list[str]:
+    """--set items, and --init-from as the recipe key it stands for (a JSON string is valid YAML)."""
+    import json
+
+    extra = [f"data.init_from={json.dumps(str(init_from))}"] if init_from is not None else []
+    return [*(overrides or []), *extra]
+
+
 def _workdir(recipe: str, workdir: Path | None) -> Path:
     from nmt.config import resolve_recipe
 
@@ -107,17 +124,19 @@ def preprocess(
     mirror: MirrorOpt = None,
     overrides: SetOpt = None,
     force: Annotated[bool, typer.Option("--force", help="Redo every step, even those already done.")] = False,
+    init_from: InitFromOpt = None,
 ) -> None:
     """Fetch the corpora, clean them, train the joint SentencePiece model and binarize every split.
 
     [bold]Examples[/]
       nmt preprocess recipes/multi30k-en-de.yaml
       nmt preprocess recipes/multi30k-en-de.yaml --mirror ../shared/data/multi30k
+      nmt preprocess my-domain.yaml --init-from opus-mt-en-de.pt   # encode with the model's subwords
     """
     from nmt.config import load_config
     from nmt.data.preprocess import preprocess as run_preprocess
 
-    cfg = load_config(recipe, overrides or [])
+    cfg = load_config(recipe, _overrides(overrides, init_from))
     run_preprocess(cfg, _workdir(recipe, workdir), mirror=mirror, force=force, console=err)
 
 
@@ -129,6 +148,7 @@ def train(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Build the model, print its summary and stop; needs no data.")
     ] = False,
+    init_from: InitFromOpt = None,
 ) -> None:
     """Train a model; running the same command again resumes from the last checkpoint.
 
@@ -139,12 +159,13 @@ def train(
       nmt train recipes/wmt14-en-de-base.yaml --dry-run
       nmt train recipes/multi30k-en-de.yaml --set train.max_steps=200
       torchrun --nproc-per-node 8 -m nmt train recipes/wmt14-en-de-base.yaml
+      nmt train my-domain.yaml --init-from opus-mt-en-de.pt         # fine-tune a pretrained model
     """
     from nmt.config import load_config
     from nmt.train import dry_run as run_dry_run
     from nmt.train import train as run_train
 
-    cfg = load_config(recipe, overrides or [])
+    cfg = load_config(recipe, _overrides(overrides, init_from))
     if dry_run:
         run_dry_run(cfg, console=err)
         return
@@ -188,7 +209,10 @@ def average(
 def export(
     model: Annotated[Path, typer.Option("--model", "-m", help="Checkpoint from nmt train or nmt average.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Model folder to write.")],
-    fmt: Annotated[str, typer.Option("--format", help="Target engine: ctranslate2.")] = "ctranslate2",
+    fmt: Annotated[
+        str,
+        typer.Option("--format", help="ctranslate2, or huggingface (a MarianMT folder for transformers)."),
+    ] = "ctranslate2",
     force: Annotated[bool, typer.Option("--force", help="Replace an earlier export in --output.")] = False,
 ) -> None:
     """Convert a checkpoint for another inference engine (CTranslate2: pip install 'nmt\\[ctranslate2]').
@@ -196,10 +220,34 @@ def export(
     [bold]Examples[/]
       nmt export -m runs/multi30k-en-de/checkpoints/average.pt --format ctranslate2 -o ct2-en-de
       nmt translate --engine ctranslate2 -m ct2-en-de -i in.en > out.de
+      nmt export -m average.pt --format huggingface -o hf-en-de   # MarianMTModel.from_pretrained("hf-en-de")
     """
     from nmt.translate.export import export as run_export
 
     err.print(f"exported {model} to {run_export(model, output, fmt, force=force)}")
+
+
+@app.command(name="import")
+def import_model(
+    folder: Annotated[Path, typer.Argument(help="A MarianMT model folder (config.json, vocab.json, ...).")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="The nmt checkpoint to write.")],
+    src_lang: Annotated[
+        str | None, typer.Option(help="Source language, when tokenizer_config.json does not name it.")
+    ] = None,
+    tgt_lang: Annotated[
+        str | None, typer.Option(help="Target language, when tokenizer_config.json does not name it.")
+    ] = None,
+) -> None:
+    """Import a Hugging Face MarianMT (OPUS-MT) model folder as an nmt checkpoint; needs no transformers.
+
+    [bold]Examples[/]
+      huggingface-cli download Helsinki-NLP/opus-mt-en-de --local-dir opus-mt-en-de
+      nmt import opus-mt-en-de -o opus-mt-en-de.pt
+      echo "A man rides a bike." | nmt translate -m opus-mt-en-de.pt
+    """
+    from nmt.huggingface import import_marian
+
+    err.print(f"imported {folder} as {import_marian(folder, output, src_lang, tgt_lang)}")
 
 
 @app.command()
@@ -441,6 +489,7 @@ def run(
     workdir: WorkdirOpt = None,
     mirror: MirrorOpt = None,
     overrides: SetOpt = None,
+    init_from: InitFromOpt = None,
 ) -> None:
     """Everything: preprocess, train, average, translate the test sets, score, write results.md.
 
@@ -449,11 +498,12 @@ def run(
     [bold]Examples[/]
       nmt run recipes/multi30k-en-de.yaml --mirror ../shared/data/multi30k
       nmt run recipes/wmt14-en-de-base.yaml
+      nmt run my-domain.yaml --init-from opus-mt-en-de.pt           # fine-tune, then evaluate
     """
     from nmt.config import load_config
     from nmt.pipeline import run_pipeline
 
-    cfg = load_config(recipe, overrides or [])
+    cfg = load_config(recipe, _overrides(overrides, init_from))
     run_pipeline(cfg, _workdir(recipe, workdir), mirror=mirror, console=err)
 
 

@@ -59,6 +59,8 @@ class DataConfig:
     max_words: int = 250
     max_ratio: float = 1.5
     max_subwords: int = 256  # training pairs longer than this in subwords are dropped after encoding
+    # Fine-tuning: a checkpoint whose subwords, model keys and weights the run starts from (nmt.finetune).
+    init_from: str | None = None
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,10 @@ class ModelConfig:
     activation_dropout: float = 0.0  # not in the paper; dropout after the FFN's ReLU
     norm: Literal["post", "pre"] = "post"  # post: LayerNorm(x + Sublayer(x)) as in the paper (3.1)
     max_positions: int = 1024
+    # Not in the paper; what pretrained MarianMT/OPUS-MT models need (nmt import): the FFN's
+    # non-linearity (swish = x * sigmoid(x)) and a fixed bias added to the output logits.
+    activation: Literal["relu", "swish"] = "relu"
+    output_bias: bool = False
 
 
 @dataclass(frozen=True)
@@ -207,6 +213,10 @@ def load_config(recipe: str | Path | None, overrides: list[str] | tuple[str, ...
         raise ConfigError(f"{path}: a recipe is a mapping of sections (data, model, train, decode)")
     for item in overrides:
         apply_override(raw, item)
+    if isinstance(raw.get("data"), dict) and raw["data"].get("init_from") is not None:
+        from nmt.finetune import merge_init_from
+
+        merge_init_from(raw, str(path))
     return config_from_dict(raw, source=str(path))
 
 
@@ -259,9 +269,11 @@ def apply_override(raw: dict, item: str) -> None:
         node[parts[-1]] = value
 
 
-def config_from_dict(raw: dict, source: str = "config") -> Config:
+def config_from_dict(raw: dict, source: str = "config", corpora: bool = True) -> Config:
+    """`corpora=False` for a model's own config (a checkpoint), which may name no training corpora: an
+    imported pretrained model has none."""
     cfg = _build(Config, raw, source, "")
-    _check(cfg, source)
+    _check(cfg, source, corpora)
     return cfg
 
 
@@ -334,7 +346,7 @@ def _coerce(tp: Any, value: Any, source: str, dotted: str) -> Any:
     raise ConfigError(f"{source}: {dotted}: expected {_type_name(tp)}, got {_describe(value)}")
 
 
-def _check(cfg: Config, source: str) -> None:
+def _check(cfg: Config, source: str, corpora: bool = True) -> None:
     """Combinations that no single type can rule out."""
     m, t, d, data = cfg.model, cfg.train, cfg.decode, cfg.data
 
@@ -377,8 +389,8 @@ def _check(cfg: Config, source: str) -> None:
     need(data.max_words >= data.min_words, "data.max_words", "must be at least data.min_words")
     need(data.vocab_size >= 16, "data.vocab_size", "must be at least 16")
     need(data.src_lang != data.tgt_lang, "data.tgt_lang", "must differ from data.src_lang")
-    need(len(data.train) > 0, "data.train", "names no corpus")
-    need(len(data.valid) > 0, "data.valid", "names no corpus")
+    need(len(data.train) > 0 or not corpora, "data.train", "names no corpus")
+    need(len(data.valid) > 0 or not corpora, "data.valid", "names no corpus")
     for section in ("train", "valid", "test"):
         for i, c in enumerate(getattr(data, section)):
             pair = c.src is not None and c.tgt is not None

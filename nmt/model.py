@@ -4,7 +4,9 @@ Shapes: B batch, S source length, T target length, D d_model, H heads, K = D / H
 L decoder layers. Token id 0 is padding (see nmt.data.subword).
 
 Deviations from the paper, each optional and off in the paper recipes: `norm: pre` moves LayerNorm in
-front of each sub-layer (and adds one after each stack); attention and activation dropout.
+front of each sub-layer (and adds one after each stack); attention and activation dropout; and, for
+pretrained MarianMT models (nmt.huggingface), `activation: swish` in the FFN and `output_bias`, a fixed
+(untrained) bias on the output logits.
 
 Besides `forward` (teacher forcing), the decoder offers the incremental contract that search uses:
 `init_state(memory, src_keep, max_len, beam)`, `step(tokens, state) -> (logits, state)`,
@@ -97,16 +99,19 @@ class MultiHeadAttention(nn.Module):
         return self.attend(q, k, v, mask).view(n, t, d)  # (B, beam*T, D) -> (B*beam, T, D)
 
 
-class FeedForward(nn.Module):
-    """FFN(x) = max(0, x W1 + b1) W2 + b2  (3.3)."""
+ACTIVATIONS = {"relu": F.relu, "swish": F.silu}  # swish(x) = x * sigmoid(x), as OPUS-MT models use
 
-    def __init__(self, d_model: int, d_ff: int, activation_dropout: float):
+
+class FeedForward(nn.Module):
+    """FFN(x) = max(0, x W1 + b1) W2 + b2  (3.3); `activation: swish` replaces max(0, .) by x sigmoid(x)."""
+
+    def __init__(self, d_model: int, d_ff: int, activation_dropout: float, activation: str = "relu"):
         super().__init__()
         self.fc1, self.fc2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
-        self.activation_dropout = activation_dropout
+        self.activation_dropout, self.activation = activation_dropout, ACTIVATIONS[activation]
 
     def forward(self, x: Tensor) -> Tensor:
-        h = F.relu(self.fc1(x))
+        h = self.activation(self.fc1(x))
         return self.fc2(dropout(h, self.activation_dropout, self.training))
 
 
@@ -130,7 +135,7 @@ class EncoderLayer(nn.Module):
         super().__init__()
         pre = cfg.norm == "pre"
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.heads, cfg.attention_dropout, cross=False)
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout, cfg.activation)
         self.res_attn = Residual(cfg.d_model, cfg.dropout, pre)
         self.res_ffn = Residual(cfg.d_model, cfg.dropout, pre)
 
@@ -147,7 +152,7 @@ class DecoderLayer(nn.Module):
         pre = cfg.norm == "pre"
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.heads, cfg.attention_dropout, cross=False)
         self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.heads, cfg.attention_dropout, cross=True)
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout, cfg.activation)
         self.res_self = Residual(cfg.d_model, cfg.dropout, pre)
         self.res_cross = Residual(cfg.d_model, cfg.dropout, pre)
         self.res_ffn = Residual(cfg.d_model, cfg.dropout, pre)
@@ -214,7 +219,10 @@ class Transformer(nn.Module):
         pre = cfg.norm == "pre"
         self.encoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
         self.decoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
-        # int8 inference only (nmt.translate.int8): the output projection's weights, quantized
+        # MarianMT's final_logits_bias: a buffer, not a parameter; fine-tuning keeps it, as transformers does.
+        self.output_bias: Tensor | None
+        self.register_buffer("output_bias", torch.zeros(vocab_size) if cfg.output_bias else None)
+        # int8 inference only (nmt.translate.int8): the output projection, weights and bias, quantized
         self.int8_output: nn.Module | None = None
         self.reset_parameters()
 
@@ -254,10 +262,10 @@ class Transformer(nn.Module):
         return self.output(y) if project else self.decoder_norm(y)
 
     def output(self, y: Tensor) -> Tensor:
-        """Pre-softmax projection with the shared embedding matrix: (.., D) -> (.., V)."""
+        """Pre-softmax projection with the shared embedding matrix (plus output_bias): (.., D) -> (.., V)."""
         if self.int8_output is not None:
             return self.int8_output(self.decoder_norm(y))
-        return F.linear(self.decoder_norm(y), self.output_weight)
+        return F.linear(self.decoder_norm(y), self.output_weight, self.output_bias)
 
     @property
     def output_weight(self) -> Tensor:

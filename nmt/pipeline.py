@@ -107,7 +107,9 @@ def translate_test_set(
     start = time.perf_counter()
     hyps = translator.translate(lines)
     seconds = time.perf_counter() - start
-    tokens = sum(len(ids) + 1 for ids in translator.subword.encode(hyps))  # + EOS, as the decoder emitted
+    tokens = sum(
+        len(ids) + 1 for ids in translator.subword.encode_target(hyps)
+    )  # + EOS, as the decoder emitted
     speed = {
         "sentences": len(lines),
         "seconds": round(seconds, 2),

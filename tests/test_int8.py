@@ -45,6 +45,21 @@ def test_every_linear_map_and_the_output_projection_are_quantized():
     assert 0 < error < 0.05, f"relative error of the logits {error:.4f}"
 
 
+def test_the_output_bias_of_an_imported_marian_model_stays_in_the_int8_projection():
+    import dataclasses
+
+    torch.manual_seed(0)
+    model = Transformer(dataclasses.replace(make_config().model, output_bias=True), 64).eval()
+    model.output_bias.normal_(0, 3.0)  # large enough to dominate the logits where it were lost
+    y = torch.randn(5, model.cfg.d_model)
+    with torch.inference_mode():
+        exact = model.output(y)
+        quantize_int8(model)
+        approx = model.output(y)
+    error = (approx - exact).norm() / exact.norm()
+    assert error < 0.05, f"relative error of the logits {error:.4f}"
+
+
 def test_each_member_of_an_ensemble_is_quantized():
     from nmt.translate.ensemble import Ensemble
     from nmt.translate.frontend import inference_model

@@ -33,6 +33,7 @@ from nmt.data.binarized import write_split
 from nmt.data.clean import REASONS, clean_pairs, open_text, read_pairs
 from nmt.data.corpora import corpus_text
 from nmt.data.subword import Subword, train_subword
+from nmt.finetune import init_subword, subword_sha256
 from nmt.progress import Progress, count_lines
 
 STEPS = ("text", "subword", "binarize")
@@ -40,7 +41,14 @@ FORMAT = 1  # bump when the outputs change meaning, so old work directories are 
 ENCODE_CHUNK = 20_000
 PROGRESS_LINES = 10_000  # lines between two updates of the progress display
 PERCENTILES = (50, 90, 95, 99, 100)
-SUBWORD_KEYS = ("vocab_size", "subword_type", "character_coverage", "spm_sample_sentences", "max_subwords")
+SUBWORD_KEYS = (
+    "vocab_size",
+    "subword_type",
+    "character_coverage",
+    "spm_sample_sentences",
+    "max_subwords",
+    "init_from",
+)
 
 
 def preprocess(
@@ -64,6 +72,9 @@ def preprocess(
         start = time.perf_counter()
         if step == "text":
             info = write_text(data, out, mirror=mirror, console=console)
+        elif step == "subword" and data.init_from:  # fine-tuning: the checkpoint's own subwords
+            atomic.write_bytes(out / "spm.model", init_subword(data.init_from))
+            info = {"model": str(out / "spm.model"), "from": data.init_from}
         elif step == "subword":
             model = train_subword([_clean(out, data.src_lang), _clean(out, data.tgt_lang)], out / "spm", data)
             info = {"model": str(model)}
@@ -207,7 +218,9 @@ def _encoded(sub: Subword, src: Path, tgt: Path, progress: Progress) -> Iterator
     """Subword ids of aligned files, encoded in chunks so SentencePiece can batch (and thread) them."""
     pairs = read_pairs(src, tgt)
     while chunk := list(itertools.islice(pairs, ENCODE_CHUNK)):
-        yield from zip(sub.encode([s for s, _ in chunk]), sub.encode([t for _, t in chunk]), strict=True)
+        yield from zip(
+            sub.encode([s for s, _ in chunk]), sub.encode_target([t for _, t in chunk]), strict=True
+        )
         progress.advance(len(chunk))
 
 
@@ -248,6 +261,8 @@ def _fingerprint(data: DataConfig, step: str) -> str:
     if step == "text":
         for key in SUBWORD_KEYS:
             settings.pop(key)
+    elif data.init_from:  # the checkpoint's subwords, not just its path: a new file at the same path counts
+        settings["init_from_subword"] = subword_sha256(init_subword(data.init_from))
     raw = json.dumps({"format": FORMAT, "data": settings}, sort_keys=True)
     return hashlib.sha256(raw.encode()).hexdigest()
 

@@ -2,11 +2,19 @@
 
 One joint model for both languages (paper, 5.1: "a shared source-target vocabulary"), trained on the raw
 cleaned text, so no Moses tokenizer is needed; ids 0-3 are reserved for pad, unk, bos and eos.
+
+A pretrained MarianMT model (nmt.huggingface) instead has two SentencePiece models, one per language,
+whose pieces map to ids through one shared vocabulary (its vocab.json), as transformers' MarianTokenizer
+does. Subword holds either kind behind one interface; the MarianMT kind is serialized as a small JSON
+document (the two models in base64 and the pieces in id order), so that a checkpoint, a work directory's
+data/spm.model and an exported folder carry it as they carry a SentencePiece model: as opaque bytes.
 """
 
 from __future__ import annotations
 
+import base64
 import io
+import json
 import random
 from pathlib import Path
 
@@ -18,6 +26,7 @@ from nmt.errors import DataError
 from nmt.tokens import BOS, EOS, PAD, UNK
 
 SAMPLE_SEED = 1  # the sentence sample is part of the model: the same corpus gives the same subwords
+PAIR_FORMAT = "nmt-subword-pair"
 
 
 def sample_lines(text_files: list[Path], n: int, seed: int = SAMPLE_SEED) -> list[str]:
@@ -88,16 +97,66 @@ def train_subword(text_files: list[Path], out_prefix: Path, data: DataConfig) ->
 
 
 class Subword:
-    """A trained SentencePiece model, built from its serialized bytes so a checkpoint can carry it."""
+    """A trained SentencePiece model, built from its serialized bytes so a checkpoint can carry it; or a
+    source and a target SentencePiece model over one vocabulary (`Subword.pair`)."""
 
     def __init__(self, model_proto: bytes):
         self.proto = bytes(model_proto)
-        self._sp = spm.SentencePieceProcessor()
+        self.vocabulary: list[str] | None = None  # pieces in id order, when they are not SentencePiece's ids
+        if self.proto.startswith(b"{"):  # a SentencePiece model is a protobuf, never a JSON object
+            self._load_pair()
+            return
+        self._sp = self._target = self._processor(self.proto)
+        self.vocab_size: int = self._sp.get_piece_size()
+
+    @staticmethod
+    def _processor(proto: bytes) -> spm.SentencePieceProcessor:
+        sp = spm.SentencePieceProcessor()
         try:
-            self._sp.LoadFromSerializedProto(self.proto)
+            sp.LoadFromSerializedProto(proto)
         except (RuntimeError, OSError) as e:
             raise DataError(f"not a SentencePiece model: {e}") from None
-        self.vocab_size: int = self._sp.get_piece_size()
+        return sp
+
+    @classmethod
+    def pair(cls, source_proto: bytes, target_proto: bytes, vocabulary: list[str]) -> Subword:
+        """Source and target SentencePiece models whose pieces map to ids through `vocabulary`."""
+        doc = {
+            "format": PAIR_FORMAT,
+            "source": base64.b64encode(source_proto).decode("ascii"),
+            "target": base64.b64encode(target_proto).decode("ascii"),
+            "vocabulary": list(vocabulary),
+        }
+        return cls(json.dumps(doc, ensure_ascii=False).encode("utf-8"))
+
+    def _load_pair(self) -> None:
+        try:
+            doc = json.loads(self.proto.decode("utf-8"))
+            if doc.get("format") != PAIR_FORMAT:
+                raise ValueError(doc.get("format"))
+            source, target = (base64.b64decode(doc[side], validate=True) for side in ("source", "target"))
+            vocabulary = [str(piece) for piece in doc["vocabulary"]]
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise DataError(f"not a SentencePiece model nor a source/target pair ({e})") from None
+        if len(set(vocabulary)) != len(vocabulary) or len(vocabulary) <= EOS:
+            raise DataError("the subword pair's vocabulary repeats a piece or lacks the reserved ones")
+        self._sp, self._target = self._processor(source), self._processor(target)
+        self.vocabulary, self.vocab_size = vocabulary, len(vocabulary)
+        self._ids = {piece: i for i, piece in enumerate(vocabulary)}
+
+    @property
+    def source_proto(self) -> bytes:
+        return self._sp.serialized_model_proto()
+
+    @property
+    def target_proto(self) -> bytes:
+        return self._target.serialized_model_proto()
+
+    def pieces(self) -> list[str]:
+        """The pieces in id order (what vocabulary files list)."""
+        if self.vocabulary is not None:
+            return list(self.vocabulary)
+        return [self._sp.id_to_piece(i) for i in range(self.vocab_size)]
 
     @classmethod
     def load(cls, path: Path) -> Subword:
@@ -109,9 +168,28 @@ class Subword:
             raise DataError(f"{path}: {e}") from None
 
     def encode(self, lines: list[str]) -> list[list[int]]:
-        """Subword ids of each line, without BOS/EOS (the trainer and the translator add those)."""
-        return self._sp.encode(list(lines), out_type=int)
+        """Subword ids of each source line, without BOS/EOS (the trainer and the translator add those)."""
+        if self.vocabulary is None:
+            return self._sp.encode(list(lines), out_type=int)
+        return [self._pair_ids(self._sp, line) for line in lines]
+
+    def encode_target(self, lines: list[str]) -> list[list[int]]:
+        """Subword ids of each target line (training references, forced prefixes)."""
+        if self.vocabulary is None:
+            return self._sp.encode(list(lines), out_type=int)
+        return [self._pair_ids(self._target, line) for line in lines]
+
+    def _pair_ids(self, sp: spm.SentencePieceProcessor, line: str) -> list[int]:
+        """As MarianTokenizer: a leading language code whole, the rest SentencePiece's pieces, each piece
+        its vocabulary id, UNK where the vocabulary lacks it."""
+        code = []  # a leading target-language token such as >>deu<< stays whole, outside SentencePiece
+        if line.startswith(">>") and (end := line.find("<<")) != -1:
+            code, line = [line[: end + 2]], line[end + 2 :]
+        return [self._ids.get(piece, UNK) for piece in code + sp.encode(line, out_type=str)]
 
     def decode(self, ids: list[list[int]]) -> list[str]:
         """Detokenized text of each id sequence; pad, bos and eos are skipped wherever they occur."""
-        return self._sp.decode([[i for i in seq if i > EOS or i == UNK] for seq in ids])
+        kept = [[i for i in seq if i > EOS or i == UNK] for seq in ids]
+        if self.vocabulary is None:
+            return self._sp.decode(kept)
+        return [self._target.decode_pieces([self.vocabulary[i] for i in seq]) for seq in kept]

@@ -40,16 +40,23 @@ CHUNK_LOGITS = {"cpu": 2**23, "cuda": 2**26}
 
 
 def projected_label_smoothed_nll(
-    hidden: Tensor, weight: Tensor, target: Tensor, epsilon: float, ignore_index: int, chunk: int = 0
+    hidden: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    epsilon: float,
+    ignore_index: int,
+    chunk: int = 0,
+    bias: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """`label_smoothed_nll(hidden @ weight.T, target, ...)` without the (tokens, vocabulary) logits.
+    """`label_smoothed_nll(hidden @ weight.T + bias, target, ...)` without the (tokens, vocabulary) logits.
 
     hidden: (..., D) the decoder's last (normalised) states, weight: (V, D) the output projection,
     target: (...). Padding rows are dropped before the projection, and the rest is projected, scored and
     differentiated `chunk` rows at a time (default: CHUNK_LOGITS[device] / V rows), so memory holds one
-    chunk's logits. Returns (loss, nll) as label_smoothed_nll does; only the loss is differentiable.
+    chunk's logits. `bias` (V,), the model's fixed output bias if it has one, gets no gradient.
+    Returns (loss, nll) as label_smoothed_nll does; only the loss is differentiable.
     """
-    return _ProjectedSmoothedNLL.apply(hidden, weight, target, epsilon, ignore_index, chunk)
+    return _ProjectedSmoothedNLL.apply(hidden, weight, target, epsilon, ignore_index, chunk, bias)
 
 
 class _ProjectedSmoothedNLL(torch.autograd.Function):
@@ -70,7 +77,7 @@ class _ProjectedSmoothedNLL(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, target, epsilon, ignore_index, chunk):
+    def forward(ctx, hidden, weight, target, epsilon, ignore_index, chunk, bias):
         shape, vocab = hidden.shape, weight.shape[0]
         keep = (target != ignore_index).reshape(-1)
         rows = keep.nonzero().squeeze(-1)
@@ -81,6 +88,7 @@ class _ProjectedSmoothedNLL(torch.autograd.Function):
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else h.dtype
         w, h = weight.to(dtype), h.to(dtype)
         exact = torch.promote_types(dtype, torch.float32)  # softmax and sums in float32 at least
+        bias = bias.to(exact) if bias is not None else None
         need_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
         grad_h = torch.empty_like(h) if need_grad else None
         grad_w = torch.zeros_like(weight, dtype=exact) if ctx.needs_input_grad[1] else None
@@ -91,6 +99,8 @@ class _ProjectedSmoothedNLL(torch.autograd.Function):
             for start in range(0, h.shape[0], step):
                 h_c, ref_c = h[start : start + step], ref[start : start + step]
                 x = (h_c @ w.t()).to(exact)  # (n, V) logits of this chunk
+                if bias is not None:
+                    x += bias
                 log_z = torch.logsumexp(x, dim=-1)
                 nll += (log_z - x.gather(-1, ref_c).squeeze(-1)).sum()
                 smooth += (log_z - x.mean(dim=-1)).sum()
@@ -121,4 +131,4 @@ class _ProjectedSmoothedNLL(torch.autograd.Function):
             d_hidden = d_hidden.view(ctx.shape)
         if ctx.needs_input_grad[1]:
             d_weight = (grad_w * g_loss).to(ctx.weight_dtype)
-        return d_hidden, d_weight, None, None, None, None
+        return d_hidden, d_weight, None, None, None, None, None

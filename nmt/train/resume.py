@@ -25,6 +25,7 @@ from nmt.checkpoint import STEP_FILE, Checkpoint, load_checkpoint, save_checkpoi
 from nmt.config import Config, config_to_dict
 from nmt.data.loader import TrainData, shard
 from nmt.errors import CheckpointError
+from nmt.finetune import init_weights
 from nmt.train.runtime import Runtime
 
 
@@ -158,7 +159,14 @@ def run_facts(data: TrainData, rt: Runtime) -> dict:
 
 # Keys a resumed run must keep: the weights' shapes and what the saved data position points into.
 # Budgets, logging, checkpoint counts, devices and decoding may change between runs.
-RESUME_KEYS = ("model", "train.batch_tokens", "train.update_tokens", "train.seed", "data.vocab_size")
+RESUME_KEYS = (
+    "model",
+    "train.batch_tokens",
+    "train.update_tokens",
+    "train.seed",
+    "data.vocab_size",
+    "data.init_from",
+)
 
 
 def check_resume(path: Path, ckpt: Checkpoint, cfg: Config, facts: dict) -> None:
@@ -263,6 +271,9 @@ def resume(
     continues this run; returns its progress (a fresh one when there is nothing to resume)."""
     found = find_resume_checkpoint(ckpt_dir, console, set_aside=rt.is_main)
     if found is None:
+        if cfg.data.init_from:  # fine-tuning: the weights start from the checkpoint, the optimizer fresh
+            init_weights(model, cfg.data.init_from, data.subword)
+            console.print(f"starting from the weights of {cfg.data.init_from}", highlight=False)
         return TrainProgress()
     path, ckpt = found
     check_resume(path, ckpt, cfg, run_facts(data, rt))

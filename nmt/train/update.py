@@ -54,12 +54,21 @@ def train_step(learner: Learner, update: Update, lr: float) -> tuple[Tensor | No
         dist.all_reduce(total)
     norm = rt.world_size / total
     smoothing = learner.train.label_smoothing
-    sums = forward_backward(net, model.output_weight, update.batches, norm, smoothing, rt, scaler)
+    sums = forward_backward(
+        net, model.output_weight, update.batches, norm, smoothing, rt, scaler, model.output_bias
+    )
     return optimizer_step(model, optimizer, scaler, learner.train.clip_norm), sums
 
 
 def forward_backward(
-    net, output_weight: Tensor, batches, norm: Tensor, label_smoothing: float, rt: Runtime, scaler
+    net,
+    output_weight: Tensor,
+    batches,
+    norm: Tensor,
+    label_smoothing: float,
+    rt: Runtime,
+    scaler,
+    output_bias: Tensor | None = None,
 ) -> Tensor:
     """Accumulate the gradients of one update's micro-batches; returns the summed (loss, nll).
 
@@ -74,7 +83,9 @@ def forward_backward(
         sync = i == last or rt.world_size == 1
         with contextlib.nullcontext() if sync else net.no_sync(), rt.autocast():
             states = net(src, tgt_in, project=False)  # (B, T, D)
-            loss, nll = projected_label_smoothed_nll(states, output_weight, tgt_out, label_smoothing, PAD)
+            loss, nll = projected_label_smoothed_nll(
+                states, output_weight, tgt_out, label_smoothing, PAD, bias=output_bias
+            )
         (scaler.scale(loss * norm) if scaler else loss * norm).backward()
         sums += torch.stack([loss.detach(), nll.detach()])
     return sums

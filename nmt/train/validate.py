@@ -26,7 +26,7 @@ def validate(model: Transformer, data: TrainData, cfg: Config, rt: Runtime) -> d
         with rt.autocast():
             states = model(src, tgt_in, project=False)  # (B, T, D)
             loss, nll = projected_label_smoothed_nll(
-                states, model.output_weight, tgt_out, cfg.train.label_smoothing, PAD
+                states, model.output_weight, tgt_out, cfg.train.label_smoothing, PAD, bias=model.output_bias
             )
         loss_sum, nll_sum = loss_sum + loss.item(), nll_sum + nll.item()
         tokens += int((tgt_out != PAD).sum())

@@ -1,4 +1,5 @@
-"""Convert a checkpoint into another inference engine's model folder; today, CTranslate2.
+"""Convert a checkpoint into another inference engine's model folder: CTranslate2 here, and the Hugging
+Face MarianMT folder through nmt.huggingface.
 
 The conversion goes through CTranslate2's own specification API (the one its fairseq and OpenNMT-py
 converters use): `TransformerSpec.from_config` describes the architecture and the weights are filled in
@@ -27,7 +28,7 @@ from nmt.config import DecodeConfig
 from nmt.errors import CheckpointError, NmtError
 from nmt.tokens import BOS, EOS, UNK
 
-FORMATS = ("ctranslate2",)
+FORMATS = ("ctranslate2", "huggingface")
 META_FILE = "nmt.json"
 META_FORMAT = "nmt-ctranslate2"
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which nmt.model uses
@@ -50,6 +51,10 @@ def export(model_path: Path, output: Path, fmt: str = "ctranslate2", force: bool
     """
     if fmt not in FORMATS:
         raise NmtError(f"--format {fmt}: expected one of {', '.join(FORMATS)}")
+    if fmt == "huggingface":
+        from nmt.huggingface import export_marian
+
+        return export_marian(Path(model_path), Path(output), force=force)
     ct2 = import_ctranslate2()
     output = Path(output)
     if output.exists():
@@ -81,11 +86,10 @@ def export(model_path: Path, output: Path, fmt: str = "ctranslate2", force: bool
 
 
 def subword_pieces(proto: bytes) -> list[str]:
-    """The SentencePiece pieces in id order: CTranslate2 takes and returns token strings, not ids."""
-    import sentencepiece as spm
+    """The subword pieces in id order: CTranslate2 takes and returns token strings, not ids."""
+    from nmt.data.subword import Subword
 
-    sp = spm.SentencePieceProcessor(model_proto=proto)
-    return [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+    return Subword(proto).pieces()
 
 
 def write_meta(path: Path, ckpt: Checkpoint, source: Path) -> None:
@@ -139,7 +143,7 @@ def transformer_spec(ckpt: Checkpoint, pieces: list[str], specs):
         (cfg.encoder_layers, cfg.decoder_layers),
         cfg.heads,
         pre_norm=cfg.norm == "pre",
-        activation=specs.Activation.RELU,
+        activation=specs.Activation.SWISH if cfg.activation == "swish" else specs.Activation.RELU,
         layernorm_embedding=False,
     )
     embed = w["embed.weight"].float()  # (V, D): source and target embeddings and the output projection (3.4)
@@ -151,7 +155,9 @@ def transformer_spec(ckpt: Checkpoint, pieces: list[str], specs):
         stack.position_encodings.encodings = positions
         if cfg.norm == "pre":
             set_layer_norm(stack.layer_norm, w, norm)
-    spec.decoder.projection.weight = embed  # no bias: logits = y E^T
+    spec.decoder.projection.weight = embed  # logits = y E^T (+ the fixed output bias of imported models)
+    if cfg.output_bias:
+        spec.decoder.projection.bias = w["output_bias"].float()
 
     for i, layer in enumerate(spec.encoder.layer):
         p = f"encoder.{i}"

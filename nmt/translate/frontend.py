@@ -115,7 +115,7 @@ class LineTranslator:
         forced: dict[int, list[int]] = {}
         if prefixes is not None:
             keys = [i for i in sources if prefixes[i].strip()]
-            for i, ids in zip(keys, self.subword.encode([prefixes[i] for i in keys]), strict=True):
+            for i, ids in zip(keys, self.subword.encode_target([prefixes[i] for i in keys]), strict=True):
                 forced[i] = ids[: self.max_source]
         return self.search_sources(len(lines), sources, forced)
 

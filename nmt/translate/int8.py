@@ -68,5 +68,5 @@ def quantize_int8(model: nn.Module) -> nn.Module:
                 setattr(parent, name, Int8Linear(child.weight, child.bias))
     for module in model.modules():
         if hasattr(module, "int8_output"):  # nmt.model.Transformer: the shared embedding as projection
-            module.int8_output = Int8Linear(module.output_weight, None)
+            module.int8_output = Int8Linear(module.output_weight, module.output_bias)
     return model

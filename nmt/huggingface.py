@@ -1,0 +1,544 @@
+"""MarianMT folders, the Hugging Face format of the OPUS-MT models, to and from nmt checkpoints.
+
+A MarianMT folder holds config.json, the weights (model.safetensors, or pytorch_model.bin from older
+uploads), source.spm and target.spm (one SentencePiece model per language) and vocab.json (their pieces'
+ids in the one vocabulary both share), tokenizer_config.json and generation_config.json. Its model is the
+paper's (transformers' models/marian/modeling_marian.py): post-LayerNorm layers, sinusoidal positions,
+embeddings scaled by sqrt(d_model), one embedding matrix for source, target and output. What differs, and
+how each difference is carried over exactly:
+
+- Positions: transformers lays the sinusoid out as [sin of every frequency | cos of every frequency], the
+  paper interleaves sin and cos (3.5). That is a fixed permutation of the model dimension, and every
+  operation on the residual stream (embedding, LayerNorm, the linear maps in and out of it) commutes with
+  one, so the weights are permuted along it and nmt's model keeps the paper's layout (`residual_order`).
+- Q, K and V are three projections there; nmt fuses Q, K, V (self-attention) and K, V (cross-attention).
+- `final_logits_bias` becomes the model's `output_bias` (model.output_bias), a fixed buffer in both.
+- `activation_function` relu or swish becomes model.activation.
+- Token ids: nmt reserves PAD 0, UNK 1, BOS 2, EOS 3 (nmt.tokens); OPUS-MT has </s> 0, <unk> 1 and <pad>
+  last, and starts decoding from <pad>. The vocabulary is reordered into nmt's layout (`token_order`):
+  the decoder's start token becomes BOS, and where it was also the padding token (always, in OPUS-MT) a
+  new zero row is PAD, with an output bias of ABSENT_LOGIT, so low that its probability is 0 in float32
+  and every other token's log-probability is unchanged. The two SentencePiece models and the reordered
+  vocabulary travel together as one nmt.data.subword.Subword.
+
+What transformers' Marian cannot hold is refused in one line: pre-norm layers (`norm: pre`), and on import
+separate source and target vocabularies, untied output embeddings, unscaled embeddings, learned
+positions, other activations, and encoder and decoder of different widths. Neither direction needs
+transformers: the files are read and written here (safetensors for the weights).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from nmt.checkpoint import load_checkpoint, save_checkpoint
+from nmt.config import DecodeConfig, ModelConfig, config_from_dict, config_to_dict
+from nmt.errors import CheckpointError, NmtError
+from nmt.model import sinusoidal_positions
+from nmt.tokens import BOS, EOS, PAD, UNK
+
+ABSENT_LOGIT = -100.0  # the output bias of a token the original model did not have: exp(-100) is 0 here
+META_FILE = "nmt.json"  # the same name as the CTranslate2 export's, so `--force` knows its own folders
+META_FORMAT = "nmt-huggingface"
+ACTIVATIONS = {"relu": "relu", "swish": "swish", "silu": "swish"}  # transformers' name -> model.activation
+
+
+def residual_order(d_model: int) -> Tensor:
+    """transformers' coordinate j of the residual stream is nmt's coordinate order[j]:
+    [0, 2, 4, .., 1, 3, 5, ..], its sin half then its cos half of the paper's interleaved sinusoid."""
+    return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# nmt -> MarianMT
+
+
+def export_marian(model_path: Path, output: Path, force: bool = False) -> Path:
+    """`nmt export --format huggingface`: the checkpoint as a MarianMT folder; returns it.
+
+    Built under a temporary name beside `output` and renamed at the end; an existing `output` is replaced
+    only with `force` and only when an earlier export wrote it.
+    """
+    from nmt.data.subword import Subword
+
+    if output.exists():
+        if not force:
+            raise NmtError(f"{output} already exists; add --force to replace it")
+        if not (output / META_FILE).is_file():
+            raise NmtError(f"{output} exists and is not an nmt export; refusing to replace it")
+    ckpt = load_checkpoint(model_path)
+    m = ckpt.config.model
+    if m.norm == "pre":
+        raise NmtError(
+            f"{model_path}: model.norm is pre, and transformers' MarianMT has post-norm layers only "
+            "(LayerNorm after each residual, no final LayerNorm): it cannot represent this model; "
+            "export it with --format ctranslate2, or train with model.norm post"
+        )
+    subword = Subword(ckpt.subword_proto)
+    pieces = subword.pieces()
+    if len(pieces) != ckpt.vocab_size:
+        raise NmtError(f"{model_path}: {len(pieces)} subwords but the model has {ckpt.vocab_size} rows")
+
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    try:
+        folder = staging / "model"
+        folder.mkdir()
+        save_safetensors(folder / "model.safetensors", marian_weights(ckpt.model_state, m))
+        write_json(folder / "config.json", marian_config(m, ckpt.vocab_size))
+        write_json(folder / "generation_config.json", generation_config(ckpt.config.decode, m))
+        write_json(folder / "vocab.json", {piece: i for i, piece in enumerate(pieces)})
+        (folder / "source.spm").write_bytes(subword.source_proto)
+        (folder / "target.spm").write_bytes(subword.target_proto)
+        write_json(
+            folder / "tokenizer_config.json",
+            {
+                "tokenizer_class": "MarianTokenizer",
+                "source_lang": ckpt.config.data.src_lang,
+                "target_lang": ckpt.config.data.tgt_lang,
+                "unk_token": pieces[UNK],
+                "eos_token": pieces[EOS],
+                "pad_token": pieces[PAD],
+                "model_max_length": m.max_positions,
+                "separate_vocabs": False,
+            },
+        )
+        write_json(
+            folder / META_FILE,
+            {
+                "format": META_FORMAT,
+                "version": 1,
+                "source": str(model_path),
+                "config": config_to_dict(ckpt.config),
+            },
+        )
+        if output.exists():
+            shutil.rmtree(output)
+        os.replace(folder, output)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return output
+
+
+def marian_weights(w: dict[str, Tensor], m: ModelConfig) -> dict[str, Tensor]:
+    """nmt's state dict as MarianMTModel's (model.safetensors names), the residual stream permuted."""
+    order = residual_order(m.d_model)
+    d = m.d_model
+    out: dict[str, Tensor] = {}
+
+    def into(name: str, weight: Tensor, bias: Tensor) -> None:  # a map into the residual stream
+        out[f"{name}.weight"], out[f"{name}.bias"] = weight[order], bias[order]
+
+    def norm(name: str, source: str) -> None:
+        into(name, w[f"{source}.weight"], w[f"{source}.bias"])
+
+    def attention(name: str, source: str, cross: bool) -> None:
+        if cross:
+            q, qb = w[f"{source}.q_proj.weight"], w[f"{source}.q_proj.bias"]
+            k, v = w[f"{source}.kv_proj.weight"].split(d)  # (D, D) each
+            kb, vb = w[f"{source}.kv_proj.bias"].split(d)
+        else:
+            q, k, v = w[f"{source}.qkv_proj.weight"].split(d)
+            qb, kb, vb = w[f"{source}.qkv_proj.bias"].split(d)
+        for proj, weight, bias in (("q_proj", q, qb), ("k_proj", k, kb), ("v_proj", v, vb)):
+            out[f"{name}.{proj}.weight"], out[f"{name}.{proj}.bias"] = weight[:, order], bias
+        into(f"{name}.out_proj", w[f"{source}.out_proj.weight"], w[f"{source}.out_proj.bias"])
+
+    def ffn(name: str, source: str) -> None:
+        out[f"{name}.fc1.weight"], out[f"{name}.fc1.bias"] = (
+            w[f"{source}.fc1.weight"][:, order],
+            w[f"{source}.fc1.bias"],
+        )
+        into(f"{name}.fc2", w[f"{source}.fc2.weight"], w[f"{source}.fc2.bias"])
+
+    for i in range(m.encoder_layers):
+        p, s = f"model.encoder.layers.{i}", f"encoder.{i}"
+        attention(f"{p}.self_attn", f"{s}.self_attn", cross=False)
+        norm(f"{p}.self_attn_layer_norm", f"{s}.res_attn.norm")
+        ffn(p, f"{s}.ffn")
+        norm(f"{p}.final_layer_norm", f"{s}.res_ffn.norm")
+    for i in range(m.decoder_layers):
+        p, s = f"model.decoder.layers.{i}", f"decoder.{i}"
+        attention(f"{p}.self_attn", f"{s}.self_attn", cross=False)
+        norm(f"{p}.self_attn_layer_norm", f"{s}.res_self.norm")
+        attention(f"{p}.encoder_attn", f"{s}.cross_attn", cross=True)
+        norm(f"{p}.encoder_attn_layer_norm", f"{s}.res_cross.norm")
+        ffn(p, f"{s}.ffn")
+        norm(f"{p}.final_layer_norm", f"{s}.res_ffn.norm")
+    embed = w["embed.weight"]
+    out["model.shared.weight"] = embed[:, order]  # (V, D); tied to both stacks' embed_tokens and lm_head
+    bias = w.get("output_bias", torch.zeros(embed.shape[0], dtype=embed.dtype))
+    out["final_logits_bias"] = bias[None, :]  # (1, V)
+    return {k: v.float().contiguous() for k, v in out.items()}
+
+
+def marian_config(m: ModelConfig, vocab_size: int) -> dict:
+    """config.json: MarianConfig's fields for this model; decoding starts from BOS."""
+    return {
+        "architectures": ["MarianMTModel"],
+        "model_type": "marian",
+        "vocab_size": vocab_size,
+        "decoder_vocab_size": vocab_size,
+        "share_encoder_decoder_embeddings": True,
+        "tie_word_embeddings": True,
+        "d_model": m.d_model,
+        "encoder_layers": m.encoder_layers,
+        "decoder_layers": m.decoder_layers,
+        "encoder_ffn_dim": m.d_ff,
+        "decoder_ffn_dim": m.d_ff,
+        "encoder_attention_heads": m.heads,
+        "decoder_attention_heads": m.heads,
+        "activation_function": m.activation,
+        "dropout": m.dropout,
+        "attention_dropout": m.attention_dropout,
+        "activation_dropout": m.activation_dropout,
+        "max_position_embeddings": m.max_positions,
+        "scale_embedding": True,
+        "pad_token_id": PAD,
+        "eos_token_id": EOS,
+        "forced_eos_token_id": EOS,
+        "decoder_start_token_id": BOS,
+        "bos_token_id": None,
+        "is_encoder_decoder": True,
+    }
+
+
+def generation_config(d: DecodeConfig, m: ModelConfig) -> dict:
+    """The checkpoint's decode settings as far as transformers' generate expresses them.
+
+    Not expressible: the output limit a * source length + b (max_length is absolute: the model's
+    positions here), and the GNMT length penalty ((5 + |Y|) / 6)^alpha (transformers divides by
+    |Y|^length_penalty, so the exponent is carried, not the formula).
+    """
+    config = {
+        "decoder_start_token_id": BOS,
+        "pad_token_id": PAD,
+        "eos_token_id": EOS,
+        "forced_eos_token_id": EOS,
+        "bad_words_ids": [[PAD], [BOS]],  # nmt's search never emits them
+        "num_beams": d.beam,
+        "length_penalty": d.lenpen,
+        "max_length": m.max_positions + 1,  # the start token, then as many as the positions hold
+        "min_new_tokens": d.min_len,
+        "no_repeat_ngram_size": d.no_repeat_ngram_size,
+        "num_return_sequences": d.nbest,
+    }
+    if d.sampling:
+        config.update(do_sample=True, top_k=d.sampling_topk, top_p=d.sampling_topp, temperature=d.temperature)
+    return config
+
+
+# ---------------------------------------------------------------------------------------------------------
+# MarianMT -> nmt
+
+
+def import_marian(
+    folder: Path, output: Path, src_lang: str | None = None, tgt_lang: str | None = None
+) -> Path:
+    """`nmt import`: a MarianMT folder as one nmt checkpoint (weights, config, subwords); returns it."""
+    from nmt.data.subword import Subword
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise NmtError(
+            f"{folder}: no such folder (a MarianMT model folder holds config.json, vocab.json, ...)"
+        )
+    hf = read_json(folder / "config.json")
+    model_cfg = model_config(hf, folder / "config.json")
+    meta = read_json(folder / META_FILE) if (folder / META_FILE).is_file() else {}
+    tokenizer = (
+        read_json(folder / "tokenizer_config.json") if (folder / "tokenizer_config.json").exists() else {}
+    )
+    if tokenizer.get("separate_vocabs") or (folder / "target_vocab.json").exists():
+        raise NmtError(
+            f"{folder}: separate source and target vocabularies are not supported (target_vocab.json)"
+        )
+    vocab = read_json(folder / "vocab.json")
+    pieces = vocabulary_pieces(vocab, hf["vocab_size"], folder / "vocab.json")
+    ids = {
+        "pad": hf.get("pad_token_id"),
+        "unk": vocab.get(tokenizer.get("unk_token", "<unk>")),
+        "start": hf.get("decoder_start_token_id", hf.get("pad_token_id")),
+        "eos": hf.get("eos_token_id"),
+    }
+    order = token_order(ids, len(pieces), folder)
+    nmt_pieces = [pieces[i] if i is not None else unused_piece("<pad>", pieces) for i in order]
+    if ids["start"] == ids["pad"]:  # the start token was also the padding: it has a name of its own now
+        nmt_pieces[BOS] = unused_piece("<s>", pieces)
+    subword = Subword.pair(read_bytes(folder / "source.spm"), read_bytes(folder / "target.spm"), nmt_pieces)
+    weights = read_weights(folder)
+    state = nmt_weights(weights, model_cfg, hf, order, folder)
+
+    saved = meta.get("config", {})
+    src = src_lang or saved.get("data", {}).get("src_lang") or tokenizer.get("source_lang")
+    tgt = tgt_lang or saved.get("data", {}).get("tgt_lang") or tokenizer.get("target_lang")
+    if not src or not tgt:
+        raise NmtError(f"{folder}: its languages are not recorded; give --src-lang and --tgt-lang")
+    data = {"src_lang": src, "tgt_lang": tgt, "train": [], "valid": [], "vocab_size": len(nmt_pieces)}
+    data["subword_type"] = saved.get("data", {}).get("subword_type", "unigram")
+    decode = saved.get("decode") or marian_decode(folder)
+    config = config_from_dict(
+        {"data": data, "model": dataclasses.asdict(model_cfg), "decode": decode},
+        source=str(folder),
+        corpora=False,
+    )
+    save_checkpoint(
+        Path(output),
+        model_state=state,
+        config=config,
+        subword_proto=subword.proto,
+        vocab_size=len(nmt_pieces),
+    )
+    return Path(output)
+
+
+def model_config(hf: dict, path: Path) -> ModelConfig:
+    """config.json as model keys; one line naming the key for what nmt's model cannot be."""
+
+    def need(ok: bool, key: str, why: str) -> None:
+        if not ok:
+            raise NmtError(f"{path}: {key} {hf.get(key)!r}: {why}")
+
+    need(hf.get("model_type") == "marian", "model_type", "not a MarianMT model")
+    for key in ("d_model", "encoder_layers", "decoder_layers", "encoder_ffn_dim", "vocab_size"):
+        need(isinstance(hf.get(key), int) and hf[key] > 0, key, "expected a positive integer")
+    need(
+        hf.get("decoder_ffn_dim", hf["encoder_ffn_dim"]) == hf["encoder_ffn_dim"],
+        "decoder_ffn_dim",
+        "differs from encoder_ffn_dim; nmt's model has one model.d_ff",
+    )
+    heads = hf.get("encoder_attention_heads")
+    need(
+        isinstance(heads, int) and hf.get("decoder_attention_heads", heads) == heads,
+        "decoder_attention_heads",
+        "differs from encoder_attention_heads; nmt's model has one model.heads",
+    )
+    need(hf.get("activation_function") in ACTIVATIONS, "activation_function", "not relu or swish")
+    need(hf.get("scale_embedding") is True, "scale_embedding", "nmt scales embeddings by sqrt(d_model)")
+    need(
+        hf.get("share_encoder_decoder_embeddings", True) is True,
+        "share_encoder_decoder_embeddings",
+        "separate source and target embeddings are not supported",
+    )
+    need(
+        hf.get("decoder_vocab_size") in (None, hf["vocab_size"]),
+        "decoder_vocab_size",
+        "a target vocabulary of its own is not supported",
+    )
+    need(hf.get("tie_word_embeddings", True) is True, "tie_word_embeddings", "untied output not supported")
+    for key in ("normalize_before", "add_final_layer_norm", "normalize_embedding"):
+        need(not hf.get(key), key, "transformers' Marian has no such layers; not a MarianMT config")
+    return ModelConfig(
+        encoder_layers=hf["encoder_layers"],
+        decoder_layers=hf["decoder_layers"],
+        d_model=hf["d_model"],
+        d_ff=hf["encoder_ffn_dim"],
+        heads=heads,
+        dropout=float(hf.get("dropout", 0.1)),
+        attention_dropout=float(hf.get("attention_dropout", 0.0)),
+        activation_dropout=float(hf.get("activation_dropout", 0.0)),
+        norm="post",
+        max_positions=int(hf.get("max_position_embeddings", 512)),
+        activation=ACTIVATIONS[hf["activation_function"]],
+        output_bias=True,
+    )
+
+
+def vocabulary_pieces(vocab: dict, size: int, path: Path) -> list[str]:
+    """vocab.json (piece -> id) as the pieces in id order; every id below `size` exactly once."""
+    pieces: list[str | None] = [None] * size
+    for piece, i in vocab.items():
+        if not isinstance(i, int) or not 0 <= i < size or pieces[i] is not None:
+            raise NmtError(f"{path}: {piece!r}: id {i!r} is not a free id below vocab_size {size}")
+        pieces[i] = piece
+    missing = [i for i, p in enumerate(pieces) if p is None]
+    if missing:
+        raise NmtError(f"{path}: no piece for id {missing[0]} (and {len(missing) - 1} more) of {size}")
+    return pieces  # type: ignore[return-value]
+
+
+def token_order(ids: dict, size: int, folder: Path) -> list[int | None]:
+    """Row i of nmt's vocabulary is row order[i] of the MarianMT one (None: a new row).
+
+    nmt's reserved ids first, PAD, UNK, BOS (the decoder's start token), EOS, then every other token in
+    its original order. When the start token is also the padding one, PAD is a new row.
+    """
+    for name, i in ids.items():
+        if not isinstance(i, int) or not 0 <= i < size:
+            raise NmtError(f"{folder}: the {name} token's id {i!r} is not in the vocabulary of {size}")
+    pad = ids["pad"] if ids["pad"] != ids["start"] else None
+    reserved = [pad, ids["unk"], ids["start"], ids["eos"]]
+    if len({i for i in reserved if i is not None}) != sum(i is not None for i in reserved):
+        raise NmtError(f"{folder}: the pad, unk, start and eos tokens must be distinct, got {ids}")
+    return reserved + [i for i in range(size) if i not in reserved]
+
+
+def unused_piece(name: str, pieces: list[str]) -> str:
+    while name in pieces:
+        name = f"<{name.strip('<>')}_>"
+    return name
+
+
+def read_weights(folder: Path) -> dict[str, Tensor]:
+    """model.safetensors, or pytorch_model.bin loaded weights-only (it cannot run code)."""
+    st, pt = folder / "model.safetensors", folder / "pytorch_model.bin"
+    try:
+        if st.is_file():
+            from safetensors.torch import load_file
+
+            return load_file(st)
+        if pt.is_file():
+            weights = torch.load(pt, map_location="cpu", weights_only=True)
+            if not isinstance(weights, dict):
+                raise ValueError("not a state dict")
+            return weights
+    except Exception as e:  # a truncated or foreign file: one line, not a traceback
+        name = st.name if st.is_file() else pt.name
+        raise CheckpointError(f"{folder / name}: not readable weights ({str(e)[:120]})") from None
+    raise NmtError(f"{folder}: no model.safetensors or pytorch_model.bin")
+
+
+def nmt_weights(
+    w: dict[str, Tensor], m: ModelConfig, hf: dict, order: list[int | None], folder: Path
+) -> dict[str, Tensor]:
+    """MarianMTModel's state dict as nmt's: Q/K/V fused, the residual stream and vocabulary reordered."""
+    w = {k.removeprefix("model."): v.float() for k, v in w.items()}
+    used: set[str] = set()
+    inverse = torch.argsort(residual_order(m.d_model))  # nmt coordinate i is transformers' inverse[i]
+
+    def take(name: str) -> Tensor:
+        if name not in w:
+            raise NmtError(f"{folder}: the weights lack {name}")
+        used.add(name)
+        return w[name]
+
+    out: dict[str, Tensor] = {}
+
+    def into(name: str, source: str) -> None:  # LayerNorm, or a map into the residual stream
+        out[f"{name}.weight"], out[f"{name}.bias"] = (
+            take(f"{source}.weight")[inverse],
+            take(f"{source}.bias")[inverse],
+        )
+
+    def attention(name: str, source: str, cross: bool) -> None:
+        q, k, v = (take(f"{source}.{p}_proj.weight")[:, inverse] for p in "qkv")
+        qb, kb, vb = (take(f"{source}.{p}_proj.bias") for p in "qkv")
+        if cross:
+            out[f"{name}.q_proj.weight"], out[f"{name}.q_proj.bias"] = q, qb
+            out[f"{name}.kv_proj.weight"], out[f"{name}.kv_proj.bias"] = (
+                torch.cat([k, v]),
+                torch.cat([kb, vb]),
+            )
+        else:
+            out[f"{name}.qkv_proj.weight"], out[f"{name}.qkv_proj.bias"] = (
+                torch.cat([q, k, v]),
+                torch.cat([qb, kb, vb]),
+            )
+        into(f"{name}.out_proj", f"{source}.out_proj")
+
+    def ffn(name: str, source: str) -> None:
+        out[f"{name}.fc1.weight"] = take(f"{source}.fc1.weight")[:, inverse]
+        out[f"{name}.fc1.bias"] = take(f"{source}.fc1.bias")
+        into(f"{name}.fc2", f"{source}.fc2")
+
+    for i in range(m.encoder_layers):
+        p, s = f"encoder.{i}", f"encoder.layers.{i}"
+        attention(f"{p}.self_attn", f"{s}.self_attn", cross=False)
+        into(f"{p}.res_attn.norm", f"{s}.self_attn_layer_norm")
+        ffn(f"{p}.ffn", s)
+        into(f"{p}.res_ffn.norm", f"{s}.final_layer_norm")
+    for i in range(m.decoder_layers):
+        p, s = f"decoder.{i}", f"decoder.layers.{i}"
+        attention(f"{p}.self_attn", f"{s}.self_attn", cross=False)
+        into(f"{p}.res_self.norm", f"{s}.self_attn_layer_norm")
+        attention(f"{p}.cross_attn", f"{s}.encoder_attn", cross=True)
+        into(f"{p}.res_cross.norm", f"{s}.encoder_attn_layer_norm")
+        ffn(f"{p}.ffn", s)
+        into(f"{p}.res_ffn.norm", f"{s}.final_layer_norm")
+
+    # One embedding matrix, under whichever of its tied names the file kept.
+    names = ["shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight"]
+    present = [n for n in names if n in w]
+    if not present:
+        raise NmtError(f"{folder}: the weights lack the embedding matrix (model.shared.weight)")
+    embed = w[present[0]]
+    for name in present:
+        if not torch.equal(w[name], embed):
+            raise NmtError(f"{folder}: {name} differs from {present[0]}: untied embeddings are not supported")
+        used.add(name)
+    if embed.shape != (hf["vocab_size"], m.d_model):
+        raise NmtError(
+            f"{folder}: {present[0]} is {tuple(embed.shape)}, config.json says vocab_size x d_model"
+        )
+    bias = w.get("final_logits_bias", torch.zeros(1, hf["vocab_size"])).reshape(-1)
+    used.add("final_logits_bias")
+    rows = torch.tensor([i if i is not None else 0 for i in order])
+    new = torch.tensor([i is None for i in order])
+    out["embed.weight"] = embed[rows][:, inverse].masked_fill(new[:, None], 0.0)  # (V', D)
+    out["output_bias"] = bias[rows].masked_fill(new, ABSENT_LOGIT)  # (V',)
+
+    for name in ("encoder.embed_positions.weight", "decoder.embed_positions.weight"):
+        if name in w:  # older uploads keep the fixed table: it must be the sinusoid nmt computes
+            used.add(name)
+            table = sinusoidal_positions(w[name].shape[0], m.d_model)[:, residual_order(m.d_model)]
+            if w[name].shape != table.shape or not torch.allclose(w[name], table, atol=1e-4):
+                raise NmtError(f"{folder}: {name} is not the sinusoid: learned positions are not supported")
+    unknown = sorted(set(w) - used)
+    if unknown:
+        raise NmtError(f"{folder}: weight {unknown[0]} has no place in nmt's model ({len(unknown)} such)")
+    return out
+
+
+def marian_decode(folder: Path) -> dict:
+    """The decode keys generation_config.json (or config.json) expresses in nmt's terms."""
+    path = folder / "generation_config.json"
+    gen = read_json(path) if path.exists() else read_json(folder / "config.json")
+    decode: dict = {}
+    if isinstance(gen.get("num_beams"), int) and gen["num_beams"] >= 1:
+        decode["beam"] = gen["num_beams"]
+    if isinstance(gen.get("no_repeat_ngram_size"), int) and gen["no_repeat_ngram_size"] > 0:
+        decode["no_repeat_ngram_size"] = gen["no_repeat_ngram_size"]
+    return decode
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Files
+
+
+def read_json(path: Path) -> dict:
+    try:
+        value = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise NmtError(
+            f"{path}: missing (a MarianMT folder needs config.json, vocab.json, source.spm, ...)"
+        ) from None
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise NmtError(f"{path}: not readable JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise NmtError(f"{path}: expected a JSON object")
+    return value
+
+
+def read_bytes(path: Path) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as e:
+        raise NmtError(f"{path}: cannot read: {e.strerror}") from None
+
+
+def write_json(path: Path, value: dict) -> None:
+    path.write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def save_safetensors(path: Path, tensors: dict[str, Tensor]) -> None:
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(path), metadata={"format": "pt"})  # "pt": transformers checks for it
