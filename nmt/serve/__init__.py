@@ -1,0 +1,37 @@
+"""`nmt serve`: an HTTP translation server with the LibreTranslate and OpenNMT-py request formats.
+
+Routes: `POST /translate` (LibreTranslate: {"q": text or [texts], "source", "target", "format",
+"alternatives"} -> {"translatedText": ...}), `POST /detect`, `GET /languages`, `GET /frontend/settings`,
+`GET /health`, `GET /metrics` (Prometheus text), `GET /` (a page to try the model) and OpenNMT-py's
+`POST /translator/translate` ([{"src", "id"}] -> [[{"src", "tgt", "n_best", "pred_score"}]]).
+
+The HTTP layer is uvicorn (timeouts, connection limit, graceful shutdown) under Starlette (routing). A
+request is validated completely and encoded into subwords in its handler, so nothing malformed reaches the
+model. One worker thread owns the model (models are not thread-safe): requests are cut into pieces of at
+most `max_batch_tokens` (subwords x beam, as `nmt translate` budgets), and each batch takes the next piece
+of every waiting request in turn, so a one-line request waits about one batch however large the others
+are. A batch that fails is retried piece by piece, so only the faulty request fails; the worker never dies.
+On the CPU in fp32 a sentence's translation does not depend on what else shares its batch
+(tests/test_invariance.py), so batching changes speed, never answers. The line contract is nmt
+translate's: a text's lines are translated one by one and joined again, blank lines stay blank.
+
+Every error, of every route and method, is {"error": "..."} with its status. SIGTERM or SIGINT: stop
+accepting, close idle connections, answer the requests in flight, exit 0 within `shutdown_timeout`.
+"""
+
+from nmt.serve.batcher import Batcher
+from nmt.serve.http import serve
+from nmt.serve.markup import markup_join, markup_lines, markup_parts
+from nmt.serve.metrics import Metrics
+from nmt.serve.settings import HTTPError, ServeSettings
+
+__all__ = [
+    "Batcher",
+    "HTTPError",
+    "Metrics",
+    "ServeSettings",
+    "markup_join",
+    "markup_lines",
+    "markup_parts",
+    "serve",
+]

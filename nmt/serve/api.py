@@ -1,0 +1,236 @@
+"""What the routes do, apart from HTTP: LibreTranslate's and OpenNMT-py's request formats, validated
+completely and encoded into subwords before anything reaches the model worker."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from nmt.serve.batcher import Batcher, QueueFull
+from nmt.serve.markup import markup_join, markup_lines, markup_parts
+from nmt.serve.settings import HTTPError, ServeSettings
+
+LANGUAGE_NAMES = {"en": "English", "de": "German", "fr": "French", "es": "Spanish", "it": "Italian"}
+JSON_TYPES = ("application/json", "text/json", "")  # LibreTranslate's clients often send no type at all
+FORM_TYPE = "application/x-www-form-urlencoded"  # what LibreTranslate's Python client sends
+
+
+def check_text(value, where: str) -> str:
+    """A string that can be written as UTF-8 (JSON's \\ud800 escapes give lone surrogates, which are not)."""
+    if not isinstance(value, str):
+        raise HTTPError(422, f"{where} must be a string, got {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise HTTPError(400, f"{where}: character {e.start} is a lone surrogate, not text") from None
+    return value
+
+
+def split_lines(text: str) -> list[str]:
+    """nmt translate's contract: lines split on \\n only, a trailing \\r dropped."""
+    return [line.removesuffix("\r") for line in text.split("\n")]
+
+
+def nth(lines: list[list[tuple[str, float]]], k: int) -> list[str]:
+    """The k-th best translation of each line (a blank line's only one where it has fewer)."""
+    return [hyps[min(k, len(hyps) - 1)][0] for hyps in lines]
+
+
+@dataclass
+class Text:
+    """One text of a request: its lines to translate, and how to put the translations together."""
+
+    lines: list[str]
+    parts: list | None = None  # html: the fragment's parts
+
+    def join(self, translations: list[str]) -> str:
+        return markup_join(self.parts, translations) if self.parts is not None else "\n".join(translations)
+
+
+class Service:
+    """What the routes do, apart from HTTP: validate, encode, queue, assemble."""
+
+    def __init__(self, batcher: Batcher, subword, src: str, tgt: str, settings: ServeSettings, model: str):
+        self.batcher, self.subword, self.src, self.tgt = batcher, subword, src, tgt
+        self.settings, self.model_name = settings, model
+        self.decode = batcher.decode
+
+    @property
+    def max_alternatives(self) -> int:
+        d = self.decode
+        return 0 if d.sampling else d.beam - 1
+
+    def encode(self, texts: list[Text]) -> tuple[dict[int, list[int]], int, list[list[int]]]:
+        """Subword ids of every non-blank line, the line count, and each text's truncated line numbers."""
+        lines = [line for t in texts for line in t.lines]
+        todo = [i for i, line in enumerate(lines) if line.strip()]
+        sources, truncated_at = {}, set()
+        limit = self.batcher.max_source
+        for i, ids in zip(todo, self.subword.encode([lines[i] for i in todo]), strict=True):
+            if len(ids) > limit:
+                truncated_at.add(i)
+                ids = ids[:limit]
+            if ids:  # a line of characters the subword model drops entirely translates to nothing
+                sources[i] = ids
+        truncated, start = [], 0
+        for t in texts:
+            truncated.append([i - start + 1 for i in range(start, start + len(t.lines)) if i in truncated_at])
+            start += len(t.lines)
+        return sources, len(lines), truncated
+
+    async def translate(self, texts: list[Text], nbest: int) -> tuple[list[list], list[list[int]]]:
+        """For each text, its lines' n-best lists of (translation, score); and its truncated line numbers."""
+        size = sum(len(line) for t in texts for line in t.lines)
+        if size > self.settings.max_chars:
+            raise HTTPError(
+                413, f"{size} characters of text; this server takes at most {self.settings.max_chars}"
+            )
+        if size > 2000:  # milliseconds of subword encoding: off the event loop, which serves everyone
+            sources, count, truncated = await asyncio.to_thread(self.encode, texts)
+        else:  # microseconds: a hand-off to a thread would cost more than it saves
+            sources, count, truncated = self.encode(texts)
+        deadline = time.monotonic() + self.settings.timeout
+        try:
+            job = self.batcher.submit(sources, count, nbest, deadline)
+        except QueueFull as e:
+            raise HTTPError(503, f"busy: {e}; try again shortly", {"Retry-After": "1"}) from None
+        try:
+            results = await asyncio.wait_for(asyncio.wrap_future(job.future), deadline - time.monotonic())
+        except (TimeoutError, asyncio.TimeoutError):
+            raise HTTPError(
+                504, f"no translation within {self.settings.timeout:g} s; try a smaller request"
+            ) from None
+        except QueueFull as e:
+            raise HTTPError(503, str(e), {"Retry-After": "1"}) from None
+        except Exception as e:  # the model failed on this request alone (retried by itself)
+            raise HTTPError(500, f"translation failed: {type(e).__name__}: {e}") from None
+        finally:
+            if not job.future.done():  # abandoned (deadline): the worker skips what is left of it
+                job.future.cancel()
+        out, start = [], 0
+        for t in texts:
+            out.append(results[start : start + len(t.lines)])
+            start += len(t.lines)
+        return out, truncated
+
+    def fields(self, body) -> tuple[list[str], bool, str]:
+        """LibreTranslate's q, source and target, validated."""
+        if not isinstance(body, dict):
+            raise HTTPError(400, 'expected a JSON object: {"q": "text", "source": "en", "target": "de"}')
+        q = body.get("q")
+        single = isinstance(q, str)
+        if q is None:
+            raise HTTPError(422, 'missing "q": the text to translate')
+        if single:
+            texts = [check_text(q, '"q"')]
+        elif isinstance(q, list):
+            texts = [check_text(t, f'"q"[{i}]') for i, t in enumerate(q)]
+        else:
+            raise HTTPError(422, f'"q" must be a string or a list of strings, got {type(q).__name__}')
+        if not any(t.strip() for t in texts):
+            raise HTTPError(422, '"q" is empty: nothing to translate')
+        source = body.get("source", "auto")
+        target = body.get("target", self.tgt)
+        for name, value in (("source", source), ("target", target)):
+            check_text(value, f'"{name}"')
+        if source not in (self.src, "auto") or target != self.tgt:
+            raise HTTPError(
+                422,
+                f"this server translates {self.src} to {self.tgt}, not {source} to {target} (see /languages)",
+            )
+        return texts, single, source
+
+    async def libretranslate(self, body) -> dict:
+        texts, single, source = self.fields(body)
+        fmt = body.get("format", "text")
+        if fmt not in ("text", "html"):
+            raise HTTPError(422, f'"format" must be "text" or "html", not {fmt!r}')
+        alternatives = body.get("alternatives", 0)
+        if isinstance(alternatives, str) and alternatives.strip().isdigit():  # form fields are strings
+            alternatives = int(alternatives)
+        if not isinstance(alternatives, int) or isinstance(alternatives, bool) or alternatives < 0:
+            raise HTTPError(422, f'"alternatives" must be a whole number 0 or more, got {alternatives!r}')
+        # "api_key" and any other field LibreTranslate's clients send are accepted and ignored.
+        alternatives = min(alternatives, self.max_alternatives)
+        if fmt == "html":
+            items = []
+            for t in texts:
+                parts = markup_parts(t)
+                items.append(Text(markup_lines(parts), parts))
+        else:
+            items = [Text(split_lines(t)) for t in texts]
+        nbest = 1 + alternatives
+        results, truncated = await self.translate(items, nbest)
+        translated = [t.join(nth(r, 0)) for t, r in zip(items, results, strict=True)]
+        answer: dict = {"translatedText": translated[0] if single else translated}
+        if source == "auto":  # the model has one source language: that is what is "detected"
+            detected = {"confidence": 100.0, "language": self.src}
+            answer["detectedLanguage"] = detected if single else [detected] * len(texts)
+        if alternatives:
+            alts = [[t.join(nth(r, k)) for k in range(1, nbest)] for t, r in zip(items, results, strict=True)]
+            answer["alternatives"] = alts[0] if single else alts
+        if any(truncated):
+            answer["truncated"] = truncated[0] if single else truncated
+        return answer
+
+    def detect(self, body) -> list:
+        self.fields({**body, "source": "auto"} if isinstance(body, dict) else body)  # validated all the same
+        return [{"confidence": 100.0, "language": self.src}]
+
+    async def opennmt(self, body) -> list:
+        if not (isinstance(body, list) and body and all(isinstance(x, dict) for x in body)):
+            raise HTTPError(400, 'expected a non-empty JSON list of {"src": "text", "id": N}')
+        texts = [Text(split_lines(check_text(x.get("src"), f'[{i}]["src"]'))) for i, x in enumerate(body)]
+        results, _ = await self.translate(texts, 1)
+        return [
+            [
+                {
+                    "src": x["src"],
+                    "tgt": "\n".join(nth(r, 0)),
+                    "n_best": 1,
+                    "pred_score": sum(h[0][1] for h in r),
+                }
+                for x, r in zip(body, results, strict=True)
+            ]
+        ]
+
+    def languages(self) -> list:
+        def name(code: str) -> str:
+            return LANGUAGE_NAMES.get(code, code)
+
+        return [
+            {"code": self.src, "name": name(self.src), "targets": [self.tgt]},
+            {"code": self.tgt, "name": name(self.tgt), "targets": []},
+        ]
+
+    def frontend_settings(self) -> dict:
+        """What LibreTranslate's web UI reads before it starts."""
+        return {
+            "charLimit": self.settings.max_chars,
+            "frontendTimeout": 500,
+            "apiKeys": False,
+            "keyRequired": False,
+            "suggestions": False,
+            "filesTranslation": False,
+            "supportedFilesFormat": [],
+            "language": {
+                "source": {"code": self.src, "name": LANGUAGE_NAMES.get(self.src, self.src)},
+                "target": {"code": self.tgt, "name": LANGUAGE_NAMES.get(self.tgt, self.tgt)},
+            },
+        }
+
+    def health(self) -> dict:
+        return {"status": "ok", "model": self.model_name, "source": self.src, "target": self.tgt}
+
+    def settings_shown(self) -> dict:
+        d = self.decode
+        return {
+            "model": self.model_name,
+            "source": self.src,
+            "target": self.tgt,
+            "beam": d.beam,
+            "lenpen": d.lenpen,
+            "max_chars": self.settings.max_chars,
+            "max_alternatives": self.max_alternatives,
+        }

@@ -1,0 +1,346 @@
+"""The HTTP layer: uvicorn (timeouts, connection limit, graceful shutdown) under Starlette (routing), every
+error a JSON {"error": ...} with its status, and `serve`, which puts the parts together."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from pathlib import Path
+from urllib.parse import parse_qs
+
+from rich.console import Console
+
+from nmt.config import DecodeOverrides
+from nmt.errors import NmtError
+from nmt.serve.api import FORM_TYPE, JSON_TYPES, Service
+from nmt.serve.batcher import Batcher
+from nmt.serve.metrics import Metrics
+from nmt.serve.page import page_html
+from nmt.serve.settings import HTTPError, ServeSettings
+
+ROUTES = ("/", "/translate", "/detect", "/languages", "/frontend/settings", "/health", "/metrics")
+ROUTES += ("/translator/translate",)
+
+
+def json_bytes(payload) -> bytes:
+    return json.dumps(payload, ensure_ascii=False).encode("utf-8")
+
+
+def raw_response(status: int, reason: str, message: str) -> bytes:
+    """A whole HTTP/1.1 answer that closes the connection, for errors met before a request exists."""
+    body = json_bytes({"error": message})
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json; charset=utf-8\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    )
+    return head.encode("ascii") + body
+
+
+def protocol_class(settings: ServeSettings):
+    """uvicorn's h11 protocol with what it lacks for the open internet: a deadline for a request's
+    headers (it only times idle keep-alive connections), a connection limit answered in JSON, and JSON
+    for malformed HTTP."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class Protocol(H11Protocol):
+        header_timer = None
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            if len(self.connections) > settings.max_connections:
+                transport.write(raw_response(503, "Service Unavailable", "too many connections; try again"))
+                transport.close()
+                return
+            self.arm()
+
+        def arm(self) -> None:
+            if self.header_timer is None:
+                self.header_timer = self.loop.call_later(settings.read_timeout, self.headers_too_slow)
+
+        def disarm(self) -> None:
+            if self.header_timer is not None:
+                self.header_timer.cancel()
+                self.header_timer = None
+
+        def between_requests(self) -> bool:
+            return self.cycle is None or self.cycle.response_complete
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.between_requests() and not self.transport.is_closing():
+                self.arm()  # bytes of a next request: its headers must come within the deadline too
+            else:
+                self.disarm()
+
+        def on_response_complete(self) -> None:
+            self.disarm()  # the keep-alive timer takes over until the next request's first bytes
+            super().on_response_complete()
+
+        def connection_lost(self, exc) -> None:
+            self.disarm()
+            super().connection_lost(exc)
+
+        def headers_too_slow(self) -> None:
+            self.header_timer = None
+            if self.between_requests() and not self.transport.is_closing():
+                message = f"no complete request headers within {settings.read_timeout:g} s"
+                self.transport.write(raw_response(408, "Request Timeout", message))
+                self.transport.close()
+
+        def send_400_response(self, msg: str) -> None:
+            self.transport.write(raw_response(400, "Bad Request", f"malformed HTTP request: {msg}"))
+            self.transport.close()
+
+    return Protocol
+
+
+CLOSE = {"Connection": "close"}  # the rest of an unread body must not be taken for the next request
+
+
+async def read_body(request, settings: ServeSettings) -> bytes:
+    """The body, refused before it is read when it announces too much, and read within read_timeout."""
+    from starlette.requests import ClientDisconnect
+
+    length = request.headers.get("content-length")
+    chunked = "chunked" in request.headers.get("transfer-encoding", "").lower()
+    if length is None and not chunked:
+        raise HTTPError(411, "a POST needs a body with a Content-Length header (or chunked encoding)", CLOSE)
+    if length is not None and int(length) > settings.max_body:  # h11 has checked it is a number
+        raise HTTPError(
+            413, f"a body of {length} bytes; this server takes at most {settings.max_body}", CLOSE
+        )
+    body = bytearray()
+
+    async def read() -> None:
+        async for chunk in request.stream():
+            body.extend(chunk)
+            if len(body) > settings.max_body:
+                raise HTTPError(
+                    413, f"a body over {settings.max_body} bytes; this server takes no more", CLOSE
+                )
+
+    try:
+        await asyncio.wait_for(read(), settings.read_timeout)
+    except (TimeoutError, asyncio.TimeoutError):
+        raise HTTPError(408, f"the body did not arrive within {settings.read_timeout:g} s", CLOSE) from None
+    except ClientDisconnect:
+        raise HTTPError(400, "the client left before sending its body") from None
+    return bytes(body)
+
+
+async def parse_body(request, settings: ServeSettings):
+    """JSON (or LibreTranslate's form encoding) of valid UTF-8, as Python values."""
+    raw = await read_body(request, settings)
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise HTTPError(400, f"the body is not valid UTF-8 (byte {e.start})") from None
+    # `curl -d '{...}'` labels JSON as a form: a body that starts like JSON is read as JSON.
+    if ctype == FORM_TYPE and not text.lstrip().startswith(("{", "[")):
+        try:
+            fields = parse_qs(text, keep_blank_values=True, errors="strict")
+        except (UnicodeDecodeError, ValueError) as e:
+            raise HTTPError(400, f"the form body is not valid: {e}") from None
+        return {k: v[0] if len(v) == 1 else v for k, v in fields.items()}
+    if ctype not in JSON_TYPES and ctype != FORM_TYPE:
+        raise HTTPError(415, f"Content-Type {ctype}: send application/json (or {FORM_TYPE})")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise HTTPError(400, f"the body is not valid JSON: {e}") from None
+
+
+def build_app(service: Service, settings: ServeSettings, metrics: Metrics, console: Console):
+    """The Starlette application: routes, JSON errors, metrics and one log line per request."""
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.responses import HTMLResponse, PlainTextResponse, Response
+    from starlette.routing import Route
+
+    def answer(payload, status: int = 200, headers: dict | None = None) -> Response:
+        return Response(json_bytes(payload), status, headers, media_type="application/json")
+
+    def post(handler, is_async: bool = True):
+        async def endpoint(request):
+            body = await parse_body(request, settings)
+            return answer(await handler(body) if is_async else handler(body))
+
+        return endpoint
+
+    def get(handler):
+        async def endpoint(request):
+            return answer(handler())
+
+        return endpoint
+
+    async def page(request):
+        return HTMLResponse(page_html(service.settings_shown()))
+
+    async def prometheus(request):
+        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    async def http_error(request, exc: HTTPException) -> Response:
+        message = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed here"}
+        return answer({"error": message.get(exc.status_code, str(exc.detail))}, exc.status_code, exc.headers)
+
+    async def our_error(request, exc: HTTPError) -> Response:
+        return answer({"error": str(exc)}, exc.status, exc.headers)
+
+    async def server_error(request, exc: Exception) -> Response:
+        return answer({"error": f"internal error: {type(exc).__name__}: {exc}"}, 500)
+
+    routes = [
+        Route("/", page, methods=["GET"]),
+        Route("/translate", post(service.libretranslate), methods=["POST"]),
+        Route("/detect", post(service.detect, is_async=False), methods=["POST"]),
+        Route("/translator/translate", post(service.opennmt), methods=["POST"]),
+        Route("/languages", get(service.languages), methods=["GET"]),
+        Route("/frontend/settings", get(service.frontend_settings), methods=["GET"]),
+        Route("/health", get(service.health), methods=["GET"]),
+        Route("/metrics", prometheus, methods=["GET"]),
+    ]
+    app = Starlette(
+        routes=routes,
+        exception_handlers={HTTPException: http_error, HTTPError: our_error, Exception: server_error},
+    )
+
+    async def observed(scope, receive, send):
+        """Metrics and the log line around every request, whatever answered it."""
+        if scope["type"] != "http":
+            return await app(scope, receive, send)
+        start, status = time.perf_counter(), [500]
+
+        async def sending(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await app(scope, receive, sending)
+        finally:
+            seconds = time.perf_counter() - start
+            route = scope["path"] if scope["path"] in ROUTES else "other"
+            metrics.observe_request(scope["method"], route, status[0], seconds)
+            if route not in ("/metrics", "/health"):
+                console.print(
+                    f"{scope['method']} {scope['path'][:100]} {status[0]} {seconds * 1000:.0f} ms",
+                    highlight=False,
+                    soft_wrap=True,
+                )
+
+    return observed
+
+
+def server_class():
+    """uvicorn's Server, told to stop by SIGTERM/SIGINT and then to return (exit 0), not to re-raise it."""
+    import contextlib
+    import signal
+
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def __init__(self, config, console: Console):
+            super().__init__(config)
+            self.console = console
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            def stop(signum, frame):
+                name = signal.Signals(signum).name
+                self.console.print(
+                    f"{name}: answering the requests in flight, then stopping", highlight=False
+                )
+                self.handle_exit(signum, frame)
+
+            previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+            try:
+                yield
+            finally:
+                for s, handler in previous.items():
+                    signal.signal(s, handler)
+
+    return Server
+
+
+def listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise NmtError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+def serve(
+    model_path: Path,
+    host: str,
+    port: int,
+    settings: ServeSettings,
+    overrides: DecodeOverrides,
+    device: str,
+    dtype: str,
+    console: Console,
+) -> None:
+    """Load the model, serve until SIGTERM/SIGINT, then answer the requests in flight and return."""
+    try:
+        import starlette  # noqa: F401
+        import uvicorn
+    except ImportError as e:
+        raise NmtError(f"nmt serve needs its extra ({e}): pip install 'nmt[serve]'") from None
+    from nmt.checkpoint import load_model
+    from nmt.device import resolve_device
+    from nmt.translate import Translator
+    from nmt.translate.frontend import inference_model
+
+    settings.check()
+    torch_device = resolve_device(device)
+    model, subword, cfg = load_model(Path(model_path), torch_device)  # the checkpoint is read once
+    overrides = DecodeOverrides(  # the batch budget is a decode setting too, under the server's name
+        {**overrides.values, "batch_tokens": settings.max_batch_tokens},
+        {**overrides.flags, "batch_tokens": "--max-batch-tokens"},
+    )
+    decode = overrides.apply(cfg.decode, "nmt serve")
+    translator = Translator(inference_model(model, dtype, torch_device), subword, decode, torch_device)
+    sock = listen(host, port)
+    metrics = Metrics()
+    batcher = Batcher(translator, settings, metrics, console)
+    service = Service(batcher, subword, cfg.data.src_lang, cfg.data.tgt_lang, settings, str(model_path))
+    app = build_app(service, settings, metrics, console)
+    config = uvicorn.Config(
+        app,
+        http=protocol_class(settings),
+        lifespan="off",
+        ws="none",  # no websocket routes: an upgrade request is answered as plain HTTP
+        log_level="warning",
+        access_log=False,
+        timeout_keep_alive=int(max(1, settings.keep_alive)),
+        # What is in flight gets the shutdown time less 2 s, which stopping the worker may take.
+        timeout_graceful_shutdown=int(max(1, settings.shutdown_timeout - 2)),
+        server_header=False,
+    )
+    server = server_class()(config, console)
+    param = next(model.parameters(), None)
+    # int8: the embedding stays float32, but every product runs in int8
+    precision = str(param.dtype).removeprefix("torch.") if param is not None and dtype != "int8" else dtype
+    console.print(
+        f"serving {model_path} ({service.src} -> {service.tgt}) on http://{host}:{sock.getsockname()[1]} "
+        f"device {torch_device}, {precision}, "
+        f"beam {decode.beam}, batches of up to {settings.max_batch_tokens} subwords x beam within "
+        f"{settings.batch_wait_ms:g} ms",
+        highlight=False,
+        soft_wrap=True,
+    )
+    try:
+        asyncio.run(server.serve(sockets=[sock]))
+    finally:
+        batcher.close(timeout=2)  # a batch still running is not waited for beyond this
+        sock.close()
+    console.print("stopped", highlight=False)

@@ -1,0 +1,52 @@
+"""The server's limits, validated once, and the error a request is answered with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nmt.errors import NmtError
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """The server's limits; the CLI's options, validated here so each message names its option."""
+
+    max_batch_tokens: int = 8192  # subwords x beam in one batch, as nmt translate --max-tokens
+    batch_wait_ms: float = 10.0  # how long the first request of a batch waits for others
+    max_chars: int = 20000  # characters of text in one request
+    max_queue: int = 100000  # source lines waiting for the model; more: 503
+    timeout: float = 60.0  # seconds a request may wait for its translation; then 504
+    read_timeout: float = 10.0  # seconds to receive a request's headers, and again its body
+    keep_alive: float = 5.0  # seconds an idle connection stays open
+    max_connections: int = 1000  # open connections (and requests) at once; more are refused
+    shutdown_timeout: float = 30.0  # after SIGTERM, seconds to answer what is in flight
+
+    def check(self) -> ServeSettings:
+        for option, ok in (
+            ("--max-batch-tokens", self.max_batch_tokens >= 1),
+            ("--batch-wait-ms", self.batch_wait_ms >= 0),
+            ("--max-chars", self.max_chars >= 1),
+            ("--max-queue", self.max_queue >= 1),
+            ("--timeout", self.timeout > 0),
+            ("--read-timeout", self.read_timeout > 0),
+            ("--keep-alive", self.keep_alive > 0),
+            ("--max-connections", self.max_connections >= 1),
+            ("--shutdown-timeout", self.shutdown_timeout > 0),
+        ):
+            if not ok:
+                name = option.removeprefix("--").replace("-", "_")
+                raise NmtError(f"{option} {getattr(self, name)}: out of range (see nmt serve --help)")
+        return self
+
+    @property
+    def max_body(self) -> int:
+        """Bytes of body: JSON escapes a character in at most 6 bytes (\\uXXXX), plus room for the fields."""
+        return 6 * self.max_chars + 65536
+
+
+class HTTPError(Exception):
+    """A request the server answers with this status and {"error": message}."""
+
+    def __init__(self, status: int, message: str, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.headers = status, headers or {}
