@@ -139,6 +139,11 @@ def load_checkpoint(path: Path) -> Checkpoint:
     )
 
 
+def checkpoint_config(path: Path) -> dict:
+    """A checkpoint's config as a plain dict: what a fine-tuning recipe takes its model keys from."""
+    return config_to_dict(load_checkpoint(path).config)
+
+
 def load_model(path: Path, device: str | torch.device = "cpu"):
     """A checkpoint as a ready model: (Transformer in eval mode, Subword, Config)."""
     from nmt.model import Transformer

@@ -133,10 +133,11 @@ def preprocess(
       nmt preprocess recipes/multi30k-en-de.yaml --mirror ../shared/data/multi30k
       nmt preprocess my-domain.yaml --init-from opus-mt-en-de.pt   # encode with the model's subwords
     """
+    from nmt.checkpoint import checkpoint_config
     from nmt.config import load_config
     from nmt.data.preprocess import preprocess as run_preprocess
 
-    cfg = load_config(recipe, _overrides(overrides, init_from))
+    cfg = load_config(recipe, _overrides(overrides, init_from), checkpoint_config)
     run_preprocess(cfg, _workdir(recipe, workdir), mirror=mirror, force=force, console=err)
 
 
@@ -161,11 +162,12 @@ def train(
       torchrun --nproc-per-node 8 -m nmt train recipes/wmt14-en-de-base.yaml
       nmt train my-domain.yaml --init-from opus-mt-en-de.pt         # fine-tune a pretrained model
     """
+    from nmt.checkpoint import checkpoint_config
     from nmt.config import load_config
     from nmt.train import dry_run as run_dry_run
     from nmt.train import train as run_train
 
-    cfg = load_config(recipe, _overrides(overrides, init_from))
+    cfg = load_config(recipe, _overrides(overrides, init_from), checkpoint_config)
     if dry_run:
         run_dry_run(cfg, console=err)
         return
@@ -500,10 +502,11 @@ def run(
       nmt run recipes/wmt14-en-de-base.yaml
       nmt run my-domain.yaml --init-from opus-mt-en-de.pt           # fine-tune, then evaluate
     """
+    from nmt.checkpoint import checkpoint_config
     from nmt.config import load_config
     from nmt.pipeline import run_pipeline
 
-    cfg = load_config(recipe, _overrides(overrides, init_from))
+    cfg = load_config(recipe, _overrides(overrides, init_from), checkpoint_config)
     run_pipeline(cfg, _workdir(recipe, workdir), mirror=mirror, console=err)
 
 

@@ -13,13 +13,14 @@ import difflib
 import math
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union
 
 import yaml
 
-from nmt.errors import ConfigError
+from nmt.errors import ConfigError, NmtError
 
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"  # a link to the top-level recipes/ in a checkout
 DEFAULT_RECIPE = "multi30k-en-de"
@@ -194,8 +195,17 @@ def resolve_recipe(recipe: str | Path | None) -> Path:
     raise ConfigError(f"{name}: no such recipe file")
 
 
-def load_config(recipe: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Read a recipe, apply `key.path=value` overrides, and validate the result into a Config."""
+def load_config(
+    recipe: str | Path | None,
+    overrides: list[str] | tuple[str, ...] = (),
+    checkpoint_config: Callable[[Path], dict] | None = None,
+) -> Config:
+    """Read a recipe, apply `key.path=value` overrides, and validate the result into a Config.
+
+    A fine-tuning recipe (data.init_from) takes its model and vocabulary keys from the checkpoint, whose
+    config `checkpoint_config` reads as a plain dict (nmt.checkpoint.checkpoint_config): passed in, so
+    that this module, which every other one imports, imports none of them.
+    """
     path = resolve_recipe(recipe)
     try:
         raw = yaml.load(path.read_text(encoding="utf-8"), Loader=StrictLoader)  # noqa: S506 (a SafeLoader)
@@ -214,10 +224,45 @@ def load_config(recipe: str | Path | None, overrides: list[str] | tuple[str, ...
     for item in overrides:
         apply_override(raw, item)
     if isinstance(raw.get("data"), dict) and raw["data"].get("init_from") is not None:
-        from nmt.finetune import merge_init_from
-
-        merge_init_from(raw, str(path))
+        if checkpoint_config is None:
+            raise ConfigError(f"{path}: data.init_from: this caller cannot read checkpoints")
+        merge_init_from(raw, str(path), checkpoint_config)
     return config_from_dict(raw, source=str(path))
+
+
+# Model keys a fine-tuning recipe may change: they shape training, not the weights.
+REGULARIZATION = ("dropout", "attention_dropout", "activation_dropout")
+# Data keys that describe the vocabulary, which the checkpoint fixes.
+VOCABULARY_KEYS = ("vocab_size", "subword_type")
+
+
+def merge_init_from(raw: dict, source: str, checkpoint_config: Callable[[Path], dict]) -> None:
+    """Fill a raw recipe's model and vocabulary keys from the checkpoint `data.init_from` names, or
+    raise ConfigError naming the first key that contradicts it (nmt.finetune says why)."""
+    path = raw["data"]["init_from"]
+    if not isinstance(path, str):
+        raise ConfigError(f"{source}: data.init_from: expected a checkpoint path, got {path!r}")
+    try:
+        base = checkpoint_config(Path(path))
+    except NmtError as e:
+        raise ConfigError(f"{source}: data.init_from: {e}") from None
+    model = raw.setdefault("model", {})
+    if not isinstance(model, dict):
+        raise ConfigError(f"{source}: model: expected a mapping")
+    for section, keys, given in (
+        ("model", [k for k in base["model"] if k not in REGULARIZATION], model),
+        ("data", VOCABULARY_KEYS, raw["data"]),
+    ):
+        for key in keys:
+            want = base[section][key]
+            if key in given and given[key] != want:
+                raise ConfigError(
+                    f"{source}: {section}.{key} is {given[key]!r} but {path} has {want!r}; "
+                    f"leave {section}.{key} out to take the checkpoint's"
+                )
+            given[key] = want
+    for key in REGULARIZATION:
+        model.setdefault(key, base["model"][key])
 
 
 class DuplicateKey(yaml.constructor.ConstructorError):
