@@ -213,6 +213,17 @@ def test_libretranslate_fields_auto_alternatives_html_form_and_truncation(server
     form = b"q=a+b+c&source=xx&target=yy&format=text&api_key=secret&alternatives=1"
     status, body = server.request("/translate", raw=form, ctype="application/x-www-form-urlencoded")
     assert status == 200 and body["translatedText"] == "c b a" and len(body["alternatives"]) == 1
+    # LibreTranslate's own web page: a FormData, sent as multipart/form-data.
+    fields = {"q": "a b c", "source": "xx", "target": "yy", "format": "text", "api_key": ""}
+    multipart = b"".join(
+        b'--XyZ\r\nContent-Disposition: form-data; name="%s"\r\n\r\n%s\r\n' % (k.encode(), v.encode())
+        for k, v in fields.items()
+    )
+    ctype = "multipart/form-data; boundary=XyZ"
+    status, body = server.request("/translate", raw=multipart + b"--XyZ--\r\n", ctype=ctype)
+    assert (status, body) == (200, {"translatedText": "c b a"})
+    status, body = server.request("/translate", raw=b"no parts here", ctype=ctype)
+    assert status == 400 and "boundary" in body["error"]
     long_line = " ".join("abcdefghijklmnop"[i % 16] for i in range(100))  # 100 subwords, the model has 63
     status, body = server.request("/translate", libre(f"a b\n{long_line}"))
     assert status == 200 and body["truncated"] == [2]

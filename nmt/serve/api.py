@@ -14,6 +14,7 @@ from nmt.serve.settings import HTTPError, ServeSettings
 LANGUAGE_NAMES = {"en": "English", "de": "German", "fr": "French", "es": "Spanish", "it": "Italian"}
 JSON_TYPES = ("application/json", "text/json", "")  # LibreTranslate's clients often send no type at all
 FORM_TYPE = "application/x-www-form-urlencoded"  # what LibreTranslate's Python client sends
+MULTIPART_TYPE = "multipart/form-data"  # what LibreTranslate's own web page sends (a FormData)
 
 
 def check_text(value, where: str) -> str:

@@ -14,7 +14,7 @@ from rich.console import Console
 
 from nmt.config import DecodeOverrides
 from nmt.errors import NmtError
-from nmt.serve.api import FORM_TYPE, JSON_TYPES, Service
+from nmt.serve.api import FORM_TYPE, JSON_TYPES, MULTIPART_TYPE, Service
 from nmt.serve.batcher import Batcher
 from nmt.serve.metrics import Metrics
 from nmt.serve.page import page_html
@@ -131,9 +131,11 @@ async def read_body(request, settings: ServeSettings) -> bytes:
 
 
 async def parse_body(request, settings: ServeSettings):
-    """JSON (or LibreTranslate's form encoding) of valid UTF-8, as Python values."""
+    """JSON (or LibreTranslate's form encodings) of valid UTF-8, as Python values."""
     raw = await read_body(request, settings)
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype == MULTIPART_TYPE:
+        return multipart_fields(raw, request.headers["content-type"])
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -146,11 +148,35 @@ async def parse_body(request, settings: ServeSettings):
             raise HTTPError(400, f"the form body is not valid: {e}") from None
         return {k: v[0] if len(v) == 1 else v for k, v in fields.items()}
     if ctype not in JSON_TYPES and ctype != FORM_TYPE:
-        raise HTTPError(415, f"Content-Type {ctype}: send application/json (or {FORM_TYPE})")
+        raise HTTPError(
+            415, f"Content-Type {ctype}: send application/json (or {FORM_TYPE}, {MULTIPART_TYPE})"
+        )
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise HTTPError(400, f"the body is not valid JSON: {e}") from None
+
+
+def multipart_fields(raw: bytes, content_type: str) -> dict:
+    """The text fields of a multipart/form-data body (already read within the size limit), parsed by the
+    standard library's MIME parser; values are strings, as in the URL-encoded form."""
+    from email import policy
+    from email.parser import BytesParser
+
+    head = b"Content-Type: " + content_type.encode("latin-1", errors="replace") + b"\r\n\r\n"
+    message = BytesParser(policy=policy.HTTP).parsebytes(head + raw)
+    if not message.is_multipart():
+        raise HTTPError(400, "the multipart body has no parts: is its boundary the Content-Type's?")
+    fields = {}
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        if name is None or part.get_filename() is not None:
+            continue  # files are not translated here (LibreTranslate has /translate_file for them)
+        try:
+            fields[name] = part.get_payload(decode=True).decode(part.get_content_charset() or "utf-8")
+        except (UnicodeDecodeError, LookupError) as e:
+            raise HTTPError(400, f"the form field {name!r} is not valid text: {e}") from None
+    return fields
 
 
 def build_app(service: Service, settings: ServeSettings, metrics: Metrics, console: Console):
