@@ -44,6 +44,23 @@ def atomic_replace(path: Path | str) -> Iterator[Path]:
     fsync_dir(path.parent)
 
 
+@contextlib.contextmanager
+def atomic_folder(output: Path) -> Iterator[Path]:
+    """A folder (not yet created) to fill under a temporary name beside `output`, renamed to `output`,
+    replacing it, when the block ends without error: a failed write leaves nothing behind."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    try:
+        folder = staging / "folder"
+        yield folder
+        if output.exists():
+            shutil.rmtree(output)
+        os.replace(folder, output)
+        fsync_dir(output.parent)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def write_text(path: Path | str, text: str) -> None:
     with atomic_write(path, "w", encoding="utf-8") as f:
         f.write(text)

@@ -31,19 +31,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
+from nmt.atomic import atomic_folder
 from nmt.checkpoint import load_checkpoint, save_checkpoint
 from nmt.config import DecodeConfig, ModelConfig, config_from_dict, config_to_dict
 from nmt.errors import CheckpointError, NmtError
 from nmt.model import sinusoidal_positions
 from nmt.tokens import BOS, EOS, PAD, UNK
+from nmt.translate.export import check_replaceable
 
 ABSENT_LOGIT = -100.0  # the output bias of a token the original model did not have: exp(-100) is 0 here
 META_FILE = "nmt.json"  # the same name as the CTranslate2 export's, so `--force` knows its own folders
@@ -69,11 +68,7 @@ def export_marian(model_path: Path, output: Path, force: bool = False) -> Path:
     """
     from nmt.data.subword import Subword
 
-    if output.exists():
-        if not force:
-            raise NmtError(f"{output} already exists; add --force to replace it")
-        if not (output / META_FILE).is_file():
-            raise NmtError(f"{output} exists and is not an nmt export; refusing to replace it")
+    check_replaceable(output, force)
     ckpt = load_checkpoint(model_path)
     m = ckpt.config.model
     if m.norm == "pre":
@@ -87,10 +82,7 @@ def export_marian(model_path: Path, output: Path, force: bool = False) -> Path:
     if len(pieces) != ckpt.vocab_size:
         raise NmtError(f"{model_path}: {len(pieces)} subwords but the model has {ckpt.vocab_size} rows")
 
-    output.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
-    try:
-        folder = staging / "model"
+    with atomic_folder(output) as folder:
         folder.mkdir()
         save_safetensors(folder / "model.safetensors", marian_weights(ckpt.model_state, m))
         write_json(folder / "config.json", marian_config(m, ckpt.vocab_size))
@@ -116,15 +108,10 @@ def export_marian(model_path: Path, output: Path, force: bool = False) -> Path:
             {
                 "format": META_FORMAT,
                 "version": 1,
-                "source": str(model_path),
+                "source": Path(model_path).name,  # no path of the machine that made it
                 "config": config_to_dict(ckpt.config),
             },
         )
-        if output.exists():
-            shutil.rmtree(output)
-        os.replace(folder, output)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return output
 
 

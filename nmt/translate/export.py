@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
+from nmt.atomic import atomic_folder
 from nmt.checkpoint import Checkpoint, load_checkpoint
 from nmt.config import DecodeConfig
 from nmt.errors import CheckpointError, NmtError
@@ -57,32 +55,29 @@ def export(model_path: Path, output: Path, fmt: str = "ctranslate2", force: bool
         return export_marian(Path(model_path), Path(output), force=force)
     ct2 = import_ctranslate2()
     output = Path(output)
-    if output.exists():
-        if not force:
-            raise NmtError(f"{output} already exists; add --force to replace it")
-        if not (output / META_FILE).is_file():
-            raise NmtError(f"{output} exists and is not an nmt export; refusing to replace it")
+    check_replaceable(output, force)
     ckpt = load_checkpoint(Path(model_path))
     pieces = subword_pieces(ckpt.subword_proto)
     if len(pieces) != ckpt.vocab_size:
         raise NmtError(f"{model_path}: {len(pieces)} subwords but the model has {ckpt.vocab_size} rows")
-
-    output.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
-    try:
-        converted = staging / "model"
+    with atomic_folder(output) as converted:
         try:
             converter(ckpt, pieces, ct2).convert(str(converted))
         except KeyError as e:
             raise CheckpointError(f"{model_path}: no weight {e} for CTranslate2's Transformer") from None
         (converted / "spm.model").write_bytes(ckpt.subword_proto)
         write_meta(converted / META_FILE, ckpt, source=Path(model_path))
-        if output.exists():
-            shutil.rmtree(output)
-        os.replace(converted, output)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return output
+
+
+def check_replaceable(output: Path, force: bool) -> None:
+    """An existing export folder is replaced only with `force`, and only when an export wrote it (it holds
+    nmt.json): never an unrelated folder."""
+    if output.exists():
+        if not force:
+            raise NmtError(f"{output} already exists; add --force to replace it")
+        if not (output / META_FILE).is_file():
+            raise NmtError(f"{output} exists and is not an nmt export; refusing to replace it")
 
 
 def subword_pieces(proto: bytes) -> list[str]:
