@@ -550,6 +550,7 @@ def stage_decode(args: argparse.Namespace, work: Path) -> dict:
     decode = dataclasses.replace(ckpt.config.decode, beam=4, nbest=1, max_len_a=0.0, max_len_b=30)
     lines = synthetic_lines(work, n_lines)
     engines = ts.CPU_ENGINES if device == "cpu" else ts.GPU_ENGINES
+    nmt_only = [e for e in engines if e[0] == "nmt"]  # the rows that need no CTranslate2
     notes = []
     ct2_dir = work / "ct2"
     if importable("ctranslate2"):
@@ -560,13 +561,13 @@ def stage_decode(args: argparse.Namespace, work: Path) -> dict:
             export(checkpoint, ct2_dir)
         except Exception as e:
             notes.append(f"CTranslate2 rows skipped: the export failed ({type(e).__name__}: {e})"[:400])
-            engines = engines[:1]
+            engines = nmt_only
     else:
         notes.append(
             "CTranslate2 rows skipped: ctranslate2 is not importable "
             f"({version('ctranslate2') or 'not installed'})"
         )
-        engines = engines[:1]
+        engines = nmt_only
     job = {
         "checkpoint": str(checkpoint),
         "ct2_dir": str(ct2_dir),
@@ -579,10 +580,10 @@ def stage_decode(args: argparse.Namespace, work: Path) -> dict:
     try:
         results = ts.measure(job, engines, repeats)
     except (Exception, SystemExit) as e:  # a CTranslate2 worker that dies must not take nmt's row along
-        if len(engines) == 1:
+        if engines == nmt_only:
             raise
         notes.append(f"CTranslate2 rows failed ({type(e).__name__}: {e}); nmt measured alone")
-        results = ts.measure(job, engines[:1], repeats)
+        results = ts.measure(job, nmt_only, repeats)
     rows = [
         {
             "engine": r.name,
