@@ -53,6 +53,16 @@ def padding_mask(tokens: Tensor) -> Tensor:
     return (tokens != PAD)[:, None, None, :]
 
 
+def attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
+    """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k) + bias) V  (3.2.1), written out for decoding steps:
+    with a query or a beam's few per row, torch's fused kernel (F.scaled_dot_product_attention) took 2-5x
+    longer than these three products on a batch of sentences (benchmarks/RESULTS.md); `bias` is 0 or -inf."""
+    scores = torch.matmul(q, k.transpose(-1, -2)).mul_(q.shape[-1] ** -0.5)  # (B, H, Tq, Tk)
+    if bias is not None:
+        scores.add_(bias)
+    return torch.matmul(torch.softmax(scores, dim=-1), v)
+
+
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)  (3.2.2)
 
@@ -75,9 +85,15 @@ class MultiHeadAttention(nn.Module):
         b, t, _ = x.shape
         return x.view(b, t, -1, self.heads, self.d_head).permute(2, 0, 3, 1, 4)  # (n, B, H, T, K)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool = False) -> Tensor:
-        p = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal)
+    def attend(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool = False, step: bool = False
+    ) -> Tensor:
+        """Heads (B, H, T, K) -> (B, T, D); `step`: one decoding step, whose `mask` is an additive bias."""
+        if step:
+            y = attention(q, k, v, mask)
+        else:
+            p = self.dropout if self.training else 0.0
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal)
         b, _, t, _ = y.shape
         return self.out_proj(y.transpose(1, 2).reshape(b, t, -1))  # (B, H, T, K) -> (B, T, D)
 
@@ -89,14 +105,16 @@ class MultiHeadAttention(nn.Module):
         k, v = self.split_heads(self.kv_proj(memory))  # each (B, H, S, K)
         return k, v
 
-    def cross_attention(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor, beam: int = 1) -> Tensor:
+    def cross_attention(
+        self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor, beam: int = 1, step: bool = False
+    ) -> Tensor:
         """x (B*beam, T, D) attends over k, v (B, H, S, K) of its sentence: a sentence's `beam`
         consecutive rows are beam*T query positions of one attention, so its keys/values are stored once."""
         n, t, d = x.shape
         q = (
             self.q_proj(x).view(n // beam, beam * t, self.heads, self.d_head).transpose(1, 2)
         )  # (B, H, beam*T, K)
-        return self.attend(q, k, v, mask).view(n, t, d)  # (B, beam*T, D) -> (B*beam, T, D)
+        return self.attend(q, k, v, mask, step=step).view(n, t, d)  # (B, beam*T, D) -> (B*beam, T, D)
 
 
 ACTIVATIONS = {"relu": F.relu, "swish": F.silu}  # swish(x) = x * sigmoid(x), as OPUS-MT models use
@@ -174,10 +192,13 @@ class DecoderLayer(nn.Module):
             attn = self.self_attn
             qkv = attn.split_heads(attn.qkv_proj(h))  # (3, N, H, 1, K)
             cache_kv[:, :, :, t : t + 1] = qkv[1:]
-            return attn.attend(qkv[0], cache_kv[0, :, :, : t + 1], cache_kv[1, :, :, : t + 1], None)
+            k, v = cache_kv[0, :, :, : t + 1], cache_kv[1, :, :, : t + 1]
+            return attn.attend(qkv[0], k, v, None, step=True)
 
         y = self.res_self(y, cached_self_attention)
-        y = self.res_cross(y, lambda h: self.cross_attn.cross_attention(h, mem_k, mem_v, src_bias, beam))
+        y = self.res_cross(
+            y, lambda h: self.cross_attn.cross_attention(h, mem_k, mem_v, src_bias, beam, step=True)
+        )
         return self.res_ffn(y, self.ffn)
 
 
@@ -222,8 +243,9 @@ class Transformer(nn.Module):
         # MarianMT's final_logits_bias: a buffer, not a parameter; fine-tuning keeps it, as transformers does.
         self.output_bias: Tensor | None
         self.register_buffer("output_bias", torch.zeros(vocab_size) if cfg.output_bias else None)
-        # int8 inference only (nmt.translate.int8): the output projection, weights and bias, quantized
-        self.int8_output: nn.Module | None = None
+        # Inference only: the output projection (weights and bias) in a CPU kernel's own layout, int8
+        # (nmt.translate.int8) or prepacked fp32 (nmt.translate.prepacked)
+        self.output_kernel: nn.Module | None = None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -263,8 +285,8 @@ class Transformer(nn.Module):
 
     def output(self, y: Tensor) -> Tensor:
         """Pre-softmax projection with the shared embedding matrix (plus output_bias): (.., D) -> (.., V)."""
-        if self.int8_output is not None:
-            return self.int8_output(self.decoder_norm(y))
+        if self.output_kernel is not None:
+            return self.output_kernel(self.decoder_norm(y))
         return F.linear(self.decoder_norm(y), self.output_weight, self.output_bias)
 
     @property

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from nmt.config import ModelConfig, config_from_dict, resolve_recipe
-from nmt.model import CACHE_BLOCK, Transformer, count_parameters, sinusoidal_positions
+from nmt.model import CACHE_BLOCK, Transformer, attention, count_parameters, sinusoidal_positions
 from nmt.tokens import PAD
 from nmt.train.loss import label_smoothed_nll, projected_label_smoothed_nll
 from nmt.train.optim import cooldown_factor, inverse_sqrt_lr, lr_scale
@@ -86,6 +86,16 @@ def test_incremental_decoding_equals_full_recomputation(norm):
         logits, state = model.step(tgt[:, t], state)
         steps.append(logits)
     assert torch.allclose(torch.stack(steps, 1), full, atol=1e-5)
+
+
+def test_written_out_attention_is_the_fused_kernels():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 4, 2, 16), torch.randn(3, 4, 9, 16), torch.randn(3, 4, 9, 16)
+    bias = torch.zeros(3, 1, 1, 9)
+    bias[1, :, :, 6:] = float("-inf")
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    assert torch.allclose(attention(q, k, v, bias), want, atol=1e-6)
+    assert torch.allclose(attention(q, k, v, None), F.scaled_dot_product_attention(q, k, v), atol=1e-6)
 
 
 @torch.no_grad()  # the incremental contract is for inference: its caches never need gradients
