@@ -40,7 +40,7 @@ def test_every_linear_map_and_the_output_projection_are_quantized():
         quantize_int8(model)
         approx = model(src, tgt)
     assert not any(isinstance(m, nn.Linear) for m in model.modules())
-    assert isinstance(model.int8_output, Int8Linear)
+    assert isinstance(model.output_kernel, Int8Linear)
     error = (approx - exact).norm() / exact.norm()
     assert 0 < error < 0.05, f"relative error of the logits {error:.4f}"
 
@@ -66,7 +66,7 @@ def test_each_member_of_an_ensemble_is_quantized():
 
     members = [Transformer(make_config().model, 64) for _ in range(2)]
     inference_model(Ensemble(members), "int8", torch.device("cpu"))
-    assert all(isinstance(m.int8_output, Int8Linear) for m in members)
+    assert all(isinstance(m.output_kernel, Int8Linear) for m in members)
     assert not any(isinstance(m, nn.Linear) for member in members for m in member.modules())
 
 

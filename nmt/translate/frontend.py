@@ -312,9 +312,10 @@ def load_translator(
     ), decode
 
 
-def inference_model(model, dtype: str, device: torch.device):
+def inference_model(model, dtype: str, device: torch.device, prepack: bool = True):
     """The model (or each member of an Ensemble) in the precision --dtype names: a torch dtype
-    (nmt.device.inference_dtype), or int8 weights on the CPU (nmt.translate.int8)."""
+    (nmt.device.inference_dtype), or int8 weights on the CPU (nmt.translate.int8). In float32 on the
+    CPU the decoder's weights are prepacked for oneDNN (nmt.translate.prepacked) unless `prepack` is off."""
     int8 = dtype.strip().lower() == "int8"
     if int8 and device.type != "cpu":
         raise NmtError(f"--dtype int8 runs on the CPU, not {device}: add --device cpu")
@@ -326,6 +327,10 @@ def inference_model(model, dtype: str, device: torch.device):
             from nmt.translate.int8 import quantize_int8
 
             quantize_int8(member)
+        elif prepack and device.type == "cpu" and torch_dtype == torch.float32:
+            from nmt.translate.prepacked import prepack_decoder
+
+            prepack_decoder(member)
     return model
 
 

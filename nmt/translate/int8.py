@@ -67,6 +67,6 @@ def quantize_int8(model: nn.Module) -> nn.Module:
             if isinstance(child, nn.Linear):
                 setattr(parent, name, Int8Linear(child.weight, child.bias))
     for module in model.modules():
-        if hasattr(module, "int8_output"):  # nmt.model.Transformer: the shared embedding as projection
-            module.int8_output = Int8Linear(module.output_weight, module.output_bias)
+        if hasattr(module, "output_kernel"):  # nmt.model.Transformer: the shared embedding as projection
+            module.output_kernel = Int8Linear(module.output_weight, module.output_bias)
     return model

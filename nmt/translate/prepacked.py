@@ -1,0 +1,116 @@
+"""fp32 decoding on the CPU with the decoder's weights prepacked once for oneDNN's inner product.
+
+A decoder step multiplies a few rows (sentences x beam: 4 for one sentence at beam 4) by every weight
+matrix of the decoder and by the tied (vocabulary x d_model) output projection (3.4). At that shape
+torch's default CPU product (F.linear, MKL's sgemm) reads the weights slowly: measured on an AMD EPYC with
+AVX2, 2 threads, 4 rows times the 8000 x 256 output projection took 0.8-1.8 ms in F.linear and 0.21-0.26 ms
+in oneDNN's inner product over the same weight reordered once into oneDNN's blocked layout; the base model's
+37000 x 512 projection 19 against 5 ms; the other decoder maps 1.2-2.1x faster at 4 rows, 1.1-1.7x at 64,
+about even from 256 rows on (benchmarks/RESULTS.md, "Translation speed"). The encoder's products, and
+the decoder's projection of the encoder output into keys and values, have hundreds of rows, where the two
+are even, so they keep F.linear.
+
+The operators are torch's own (torch.ops.mkldnn._reorder_linear_weight and _linear_pointwise, which
+torch.compile's CPU backend emits for frozen linear layers). They are private to torch, so `prepack_decoder`
+first checks them on a small product and leaves the model as it is where they are missing or disagree.
+
+A row's output does not depend on how many rows share the product (tests/test_prepacked.py checks it over
+1 to 1,024 rows), so translations stay independent of the batch. They may differ from F.linear's in the
+last bits (a relative 1e-6 to 1e-5: another summation order), as two BLAS libraries do.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+# oneDNN builds (and caches, about half a MiB each, ~2 ms to build) one primitive per weight and row
+# count, and a long run of `nmt translate` or `nmt serve` sees every row count up to its largest batch.
+# So a product runs only at these row counts: a count that is not one of them is cut into the largest
+# that fit (at most 2,048 rows: the most a batch budget of 8192 subwords x beam 4 gives), and the last
+# few rows, fewer than PAD_BELOW, are padded up to the next count (zero rows: a row's result does not
+# depend on the others). Padding more would waste the products of a compute-bound size.
+ROW_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
+PAD_BELOW = 64
+
+
+@functools.lru_cache(maxsize=4096)
+def row_pieces(m: int) -> tuple[tuple[int, int], ...]:
+    """How m rows are multiplied: (rows, bucket) pieces in order, rows <= bucket, bucket in ROW_BUCKETS."""
+    pieces = []
+    while m > 0:
+        i = bisect.bisect_right(ROW_BUCKETS, m) - 1  # the largest count that fits
+        if ROW_BUCKETS[i] == m or m <= PAD_BELOW:
+            pieces.append((m, ROW_BUCKETS[bisect.bisect_left(ROW_BUCKETS, m)]))
+            break
+        pieces.append((ROW_BUCKETS[i], ROW_BUCKETS[i]))
+        m -= ROW_BUCKETS[i]
+    return tuple(pieces)
+
+
+def _pack(weight: Tensor) -> Tensor:
+    """(out, in) float32 weight -> oneDNN's blocked copy of it (an opaque mkldnn tensor)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)
+
+
+class PrepackedLinear(nn.Module):
+    """y = x W^T + b through oneDNN, W reordered once: (.., in) -> (.., out). Inference only."""
+
+    def __init__(self, weight: Tensor, bias: Tensor | None):
+        super().__init__()
+        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+        self.packed = _pack(weight)
+        self.bias = None if bias is None else bias.detach().contiguous()
+
+    def forward(self, x: Tensor) -> Tensor:
+        rows = x.reshape(-1, self.in_features)  # (M, in)
+        pieces, start, out = row_pieces(rows.shape[0]), 0, []
+        for m, bucket in pieces:
+            piece = rows[start : start + m]
+            if bucket != m:
+                piece = F.pad(piece, (0, 0, 0, bucket - m))
+            y = torch.ops.mkldnn._linear_pointwise(piece, self.packed, self.bias, "none", [], "")
+            out.append(y if bucket == m else y[:m])
+            start += m
+        y = out[0] if len(out) == 1 else torch.cat(out)
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN prepacked"
+
+
+def available() -> bool:
+    """Whether this torch has the operators and they agree with F.linear on a small product."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        gen = torch.Generator().manual_seed(0)
+        weight, bias = torch.randn(24, 40, generator=gen), torch.randn(24, generator=gen)
+        x = torch.randn(5, 40, generator=gen)
+        with torch.inference_mode():
+            got = PrepackedLinear(weight, bias)(x)
+        return torch.allclose(got, F.linear(x, weight, bias), rtol=1e-4, atol=1e-4)
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return False
+
+
+def prepack_decoder(model: nn.Module) -> bool:
+    """The decoder's linear maps and the output projection of a float32 Transformer on the CPU, prepacked
+    in place for inference (nothing here can be trained or saved). False, and the model unchanged, where
+    it is not float32 on the CPU or this torch lacks working operators."""
+    param = model.embed.weight
+    if param.device.type != "cpu" or param.dtype != torch.float32 or not available():
+        return False
+    model.eval()
+    for parent in list(model.decoder.modules()):
+        for name, child in list(parent.named_children()):
+            # kv_proj projects the encoder output, once per sentence, over all its positions: hundreds of
+            # rows of every possible count, where F.linear is as fast
+            if isinstance(child, nn.Linear) and name != "kv_proj":
+                setattr(parent, name, PrepackedLinear(child.weight, child.bias))
+    model.output_kernel = PrepackedLinear(model.output_weight, model.output_bias)
+    return True

@@ -1,0 +1,128 @@
+"""fp32 decoding with the decoder's weights prepacked for oneDNN: the products of F.linear, a row's result
+the same in every batch, and the same translations as the model as trained."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nmt.checkpoint import load_model
+from nmt.model import Transformer
+from nmt.translate import Translator
+from nmt.translate.frontend import inference_model
+from nmt.translate.prepacked import (
+    PAD_BELOW,
+    ROW_BUCKETS,
+    PrepackedLinear,
+    available,
+    prepack_decoder,
+    row_pieces,
+)
+from nmt.translate.search import beam_search
+
+from .synthetic import make_config
+
+pytestmark = [
+    pytest.mark.usefixtures("one_torch_thread"),
+    pytest.mark.skipif(not available(), reason="this torch lacks oneDNN's linear operators"),
+]
+
+
+def test_the_product_is_f_linears_on_any_leading_shape():
+    torch.manual_seed(0)
+    linear = nn.Linear(96, 200)
+    for x in (torch.randn(5, 96), torch.randn(7, 1, 96), torch.randn(300, 96)):
+        with torch.inference_mode():
+            got, want = PrepackedLinear(linear.weight, linear.bias)(x), linear(x)
+        assert got.shape == want.shape
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+    no_bias = torch.randn(30, 96)
+    with torch.inference_mode():
+        got = PrepackedLinear(linear.weight, None)(no_bias)
+    assert torch.allclose(got, F.linear(no_bias, linear.weight), rtol=1e-5, atol=1e-5)
+
+
+def test_a_rows_result_is_the_same_in_every_batch():
+    """Bit for bit, alone or among up to 2,100 rows (padded, cut in pieces): translations cannot depend on
+    what else is in the batch."""
+    torch.manual_seed(0)
+    linear = PrepackedLinear(torch.randn(300, 64) / 8, torch.randn(300))
+    rows = torch.randn(2100, 64)
+    with torch.inference_mode():
+        alone = torch.cat([linear(rows[i : i + 1]) for i in (0, 5, 63, 64, 100, 999, 2099)])
+        for m in (7, 65, 100, 300, 1000, 2100):
+            batch = linear(rows[:m])
+            for j, i in enumerate((0, 5, 63, 64, 100, 999, 2099)):
+                if i < m:
+                    assert torch.equal(batch[i], alone[j]), f"row {i} of {m}"
+
+
+def test_rows_run_at_a_few_counts_and_only_a_few_are_padding():
+    counts = set()
+    for m in range(1, 5000):
+        pieces = row_pieces(m)
+        assert sum(rows for rows, _ in pieces) == m
+        assert all(bucket in ROW_BUCKETS and rows <= bucket for rows, bucket in pieces)
+        padded = [(rows, bucket) for rows, bucket in pieces if rows != bucket]
+        assert len(padded) <= 1 and all(rows <= PAD_BELOW for rows, _ in padded)
+        assert len(pieces) <= 5
+        counts.update(bucket for _, bucket in pieces)
+    assert counts == set(ROW_BUCKETS)  # every row count from 1 to 4999 runs at these 22 shapes only
+
+
+def test_the_decoder_is_prepacked_and_steps_as_before():
+    torch.manual_seed(0)
+    model = Transformer(make_config().model, 64).eval()
+    src = torch.randint(4, 64, (3, 9))
+    tokens = torch.randint(4, 64, (3, 5))
+    with torch.inference_mode():
+        eager = model(src, tokens)
+        assert prepack_decoder(model)
+        memory, keep = model.encode(src)
+        state = model.init_state(memory, keep, max_len=8)
+        steps = torch.stack([model.step(tokens[:, t], state)[0] for t in range(tokens.shape[1])], 1)
+    assert torch.allclose(steps, eager, atol=1e-4)
+    linears = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+    packed = [name for name, m in model.named_modules() if isinstance(m, PrepackedLinear)]
+    # the encoder, and the projection of its output into cross-attention keys and values, keep F.linear
+    assert linears and all(n.startswith("encoder.") or n.endswith("kv_proj") for n in linears)
+    assert packed and all(n.startswith("decoder.") or n == "output_kernel" for n in packed)
+    assert isinstance(model.output_kernel, PrepackedLinear)
+
+
+def test_only_a_float32_model_on_the_cpu_is_prepacked():
+    model = Transformer(make_config().model, 64).to(torch.bfloat16)
+    assert not prepack_decoder(model)
+    assert model.output_kernel is None
+    assert not any(isinstance(m, PrepackedLinear) for m in model.modules())
+
+
+def test_beam_search_of_a_sentence_is_the_same_alone_and_in_a_batch():
+    torch.manual_seed(0)
+    model = Transformer(make_config().model, 64).eval()
+    prepack_decoder(model)
+    src = torch.randint(4, 64, (6, 11))
+    src[:, -1] = 3  # EOS
+    with torch.inference_mode():
+        batch = beam_search(model, src, beam=4, lenpen=0.6, max_len_a=0, max_len_b=12, nbest=4)
+        for i in range(6):
+            alone = beam_search(model, src[i : i + 1], beam=4, lenpen=0.6, max_len_a=0, max_len_b=12, nbest=4)
+            assert [(h.tokens, h.score) for h in alone[0]] == [(h.tokens, h.score) for h in batch[i]]
+
+
+def test_translations_are_the_trained_models(synthetic_run: Path):
+    """The trained reversal model, eager and prepacked: the same lines, and the same scores to 1e-4."""
+    checkpoint = synthetic_run / "checkpoints" / "best.pt"
+    lines = (synthetic_run / "data" / "valid.xx").read_text().split("\n")[:-1]
+    outputs = []
+    for prepack in (False, True):
+        model, subword, cfg = load_model(checkpoint, torch.device("cpu"))
+        model = inference_model(model, "fp32", torch.device("cpu"), prepack=prepack)
+        assert any(isinstance(m, PrepackedLinear) for m in model.modules()) == prepack
+        translator = Translator(model, subword, cfg.decode, torch.device("cpu"))
+        outputs.append(translator.translate(lines))
+    assert outputs[0] == outputs[1]
