@@ -15,6 +15,8 @@ Starts a real `nmt serve` on 127.0.0.1 (a free port), then:
   while a 10,000-line one is being translated): what the server answered and how long it took.
 - SIGTERM under load: 8 clients sending, plus an idle keep-alive connection and a stalled body; SIGTERM;
   the seconds to exit (killed after 60 s), the exit status, and how many requests in flight got answers.
+- interactive: `nmt translate --interactive` on the same sentences, one line at a time, against which the
+  one-client row of the load table is set (`--only load,interactive --clients 1`).
 
 Loopback only; every wait is bounded.
 """
@@ -114,6 +116,32 @@ def raw_exchange(port: int, request: bytes, timeout: float = 10) -> tuple[str, f
     head = got.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
     ctype = next((h.split(":", 1)[1].strip() for h in head[1:] if h.lower().startswith("content-type")), "-")
     return f"{head[0].split(' ', 1)[1]}, {ctype.split(';')[0]}", seconds
+
+
+def interactive(model: Path, sentences: list[str], lines: int, threads: int) -> dict:
+    """`nmt translate --interactive`, one line written and its translation read back before the next:
+    the per-line latency a user of the command line sees, to set the server's one-client latency against."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "nmt", "translate", "-m", str(model), "--interactive", "--device", "cpu"]
+    proc = subprocess.Popen(
+        cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    latencies = []
+    try:
+        for i in range(lines + 10):  # the first 10 warm up, as the server's load rows do
+            start = time.perf_counter()
+            proc.stdin.write(sentences[i % len(sentences)] + "\n")
+            proc.stdin.flush()
+            if not proc.stdout.readline():
+                raise SystemExit("nmt translate --interactive ended early")
+            if i >= 10:
+                latencies.append(time.perf_counter() - start)
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=60)
+    q = statistics.quantiles(latencies, n=20)
+    return {"lines": lines, "p50_ms": 1000 * statistics.median(latencies), "p95_ms": 1000 * q[18]}
 
 
 def load(url: str, sentences: list[str], clients: int, requests: int, src: str, tgt: str) -> dict:
@@ -307,7 +335,9 @@ def main() -> int:
     p.add_argument("--requests", type=int, default=300, help="requests per client count")
     p.add_argument("--threads", type=int, default=2, help="torch threads of the server")
     p.add_argument("--batch-wait-ms", type=float, default=10.0)
-    p.add_argument("--only", default="load,slow,hostile,sigterm", help="which parts to run")
+    p.add_argument(
+        "--only", default="load,slow,hostile,sigterm,interactive", help="which parts to run (comma-separated)"
+    )
     p.add_argument("--label", default="", help="a word for the entry's heading, e.g. before or after")
     p.add_argument("--record", action="store_true", help="append the tables to benchmarks/RESULTS.md")
     args = p.parse_args()
@@ -334,6 +364,17 @@ def main() -> int:
                     f"{r['p50_ms']:.0f} ms | {r['p95_ms']:.0f} ms |"
                     for r in rows
                 ),
+                "",
+            ]
+        if "interactive" in parts:
+            line = interactive(args.model, sentences, args.requests, args.threads)
+            one = next((r for r in rows if r["clients"] == 1), None) if "load" in parts else None
+            versus = f"{one['p50_ms']:.0f} ms, {one['p50_ms'] / line['p50_ms']:.2f}x" if one else "not run"
+            tables += [
+                "| `nmt translate --interactive`, one line at a time | p50 latency | p95 latency | "
+                "`nmt serve`, one client: p50, and against the line's |",
+                "| --- | --- | --- | --- |",
+                f"| {line['lines']} lines | {line['p50_ms']:.0f} ms | {line['p95_ms']:.0f} ms | {versus} |",
                 "",
             ]
         probes = ["| probe | result |", "| --- | --- |"]

@@ -194,3 +194,29 @@ def test_loader_speed_compares_the_paths_on_the_same_updates(tmp_path, capsys):
     # every path produced the same updates: equal token totals give rates in the ratio of their speeds
     assert all(float(r.split(" | ")[1].replace(",", "")) > 0 for r in rows)
     assert "## Training data loader" in results.read_text() and "loader_speed.py" in results.read_text()
+
+
+def test_serve_load_sets_one_client_against_interactive_translation(synthetic_run):
+    """The server's one-client latency and `nmt translate --interactive`'s, in one table, on a real server."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("uvicorn", reason="nmt serve needs its extra: pip install 'nmt[serve]'")
+    script = Path(__file__).parents[1] / "benchmarks" / "serve_load.py"
+    model, source = synthetic_run / "checkpoints" / "best.pt", synthetic_run / "data" / "valid.xx"
+    args = ["--model", str(model), "--input", str(source), "--only", "load,interactive", "--clients", "1"]
+    done = subprocess.run(
+        [sys.executable, str(script), *args, "--requests", "5", "--threads", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    row = next(line for line in done.stdout.splitlines() if line.startswith("| 5 lines |"))
+    p50, _, versus = (cell.strip() for cell in row.strip("|").split("|")[1:])
+    serve_ms, ratio = versus.split(" ms, ")
+    assert float(p50.removesuffix(" ms")) > 0 and float(serve_ms) > 0
+    # the table rounds to whole milliseconds, the ratio is of the unrounded figures
+    expected = float(serve_ms) / float(p50.removesuffix(" ms"))
+    assert float(ratio.removesuffix("x")) == pytest.approx(expected, rel=0.25)
