@@ -126,3 +126,16 @@ def test_translations_are_the_trained_models(synthetic_run: Path):
         translator = Translator(model, subword, cfg.decode, torch.device("cpu"))
         outputs.append(translator.translate(lines))
     assert outputs[0] == outputs[1]
+
+
+def test_nmt_serve_says_it_prepacked_the_decoder(synthetic_run: Path):
+    pytest.importorskip("uvicorn", reason="nmt serve needs its extra: pip install 'nmt[serve]'")
+    from .test_serve import Server
+
+    server = Server(synthetic_run / "checkpoints" / "best.pt", "--device", "cpu")
+    try:
+        assert "float32 (decoder products prepacked for oneDNN), beam" in "".join(server.log)
+        status, body = server.request("/translate", {"q": "a b c", "source": "xx", "target": "yy"})
+        assert (status, body) == (200, {"translatedText": "c b a"})
+    finally:
+        assert server.stop() == 0

@@ -325,6 +325,7 @@ def serve(
     from nmt.device import resolve_device
     from nmt.translate import Translator
     from nmt.translate.frontend import inference_model
+    from nmt.translate.prepacked import PrepackedLinear
 
     settings.check()
     torch_device = resolve_device(device)
@@ -356,6 +357,9 @@ def serve(
     param = next(model.parameters(), None)
     # int8: the embedding stays float32, but every product runs in int8
     precision = str(param.dtype).removeprefix("torch.") if param is not None and dtype != "int8" else dtype
+    members = getattr(model, "members", [model])
+    if all(isinstance(getattr(m, "output_kernel", None), PrepackedLinear) for m in members):
+        precision += " (decoder products prepacked for oneDNN)"
     console.print(
         f"serving {model_path} ({service.src} -> {service.tgt}) on http://{host}:{sock.getsockname()[1]} "
         f"device {torch_device}, {precision}, "

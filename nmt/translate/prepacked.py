@@ -10,12 +10,12 @@ about even from 256 rows on (benchmarks/RESULTS.md, "Translation speed"). The en
 the decoder's projection of the encoder output into keys and values, have hundreds of rows, where the two
 are even, so they keep F.linear.
 
-The operators are torch's own (torch.ops.mkldnn._reorder_linear_weight and _linear_pointwise, which
-torch.compile's CPU backend emits for frozen linear layers). They are private to torch, so `prepack_decoder`
-first checks them on a small product and leaves the model as it is where they are missing or disagree.
+The operators are torch's own, but private ones (torch.ops.mkldnn._reorder_linear_weight and
+_linear_pointwise), so `prepack_decoder` first checks them on a small product and leaves the model as it
+is where they are missing or disagree.
 
 A row's output does not depend on how many rows share the product (tests/test_prepacked.py checks it over
-1 to 1,024 rows), so translations stay independent of the batch. They may differ from F.linear's in the
+1 to 2,100 rows), so translations stay independent of the batch. They may differ from F.linear's in the
 last bits (a relative 1e-6 to 1e-5: another summation order), as two BLAS libraries do.
 """
 
@@ -31,8 +31,8 @@ from torch import Tensor, nn
 # oneDNN builds (and caches, about half a MiB each, ~2 ms to build) one primitive per weight and row
 # count, and a long run of `nmt translate` or `nmt serve` sees every row count up to its largest batch.
 # So a product runs only at these row counts: a count that is not one of them is cut into the largest
-# that fit (at most 2,048 rows: the most a batch budget of 8192 subwords x beam 4 gives), and the last
-# few rows, fewer than PAD_BELOW, are padded up to the next count (zero rows: a row's result does not
+# that fit (at most 2,048 rows at a time), and the last few rows, fewer than PAD_BELOW, are padded up
+# to the next count (zero rows: a row's result does not
 # depend on the others). Padding more would waste the products of a compute-bound size.
 ROW_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
 PAD_BELOW = 64
@@ -83,6 +83,7 @@ class PrepackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN prepacked"
 
 
+@functools.cache
 def available() -> bool:
     """Whether this torch has the operators and they agree with F.linear on a small product."""
     if not torch.backends.mkldnn.is_available():
