@@ -16,6 +16,7 @@ from nmt.translate import Translator
 from nmt.translate.frontend import inference_model
 from nmt.translate.prepacked import (
     PAD_BELOW,
+    PAD_SHARE,
     ROW_BUCKETS,
     PrepackedLinear,
     available,
@@ -68,7 +69,8 @@ def test_rows_run_at_a_few_counts_and_only_a_few_are_padding():
         assert sum(rows for rows, _ in pieces) == m
         assert all(bucket in ROW_BUCKETS and rows <= bucket for rows, bucket in pieces)
         padded = [(rows, bucket) for rows, bucket in pieces if rows != bucket]
-        assert len(padded) <= 1 and all(rows <= PAD_BELOW for rows, _ in padded)
+        assert len(padded) <= 1 and pieces[-1] == (padded or pieces)[-1]  # only the last piece is padded
+        assert all(rows <= PAD_BELOW or (bucket - rows) * PAD_SHARE <= rows for rows, bucket in padded)
         assert len(pieces) <= 5
         counts.update(bucket for _, bucket in pieces)
     assert counts == set(ROW_BUCKETS)  # every row count from 1 to 4999 runs at these 22 shapes only

@@ -30,12 +30,13 @@ from torch import Tensor, nn
 
 # oneDNN builds (and caches, about half a MiB each, ~2 ms to build) one primitive per weight and row
 # count, and a long run of `nmt translate` or `nmt serve` sees every row count up to its largest batch.
-# So a product runs only at these row counts: a count that is not one of them is cut into the largest
-# that fit (at most 2,048 rows at a time), and the last few rows, fewer than PAD_BELOW, are padded up
-# to the next count (zero rows: a row's result does not
-# depend on the others). Padding more would waste the products of a compute-bound size.
+# So a product runs only at these row counts. Rows are padded up to the next count (zero rows: a row's
+# result does not depend on the others) where that adds at most an eighth to the product, or always below
+# PAD_BELOW rows, where a product costs about the same at any count; otherwise they are cut into the
+# largest counts that fit, whose outputs are then concatenated (one more copy of the whole output).
 ROW_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
 PAD_BELOW = 64
+PAD_SHARE = 8  # pad m rows where the padding is at most m / PAD_SHARE rows
 
 
 @functools.lru_cache(maxsize=4096)
@@ -43,12 +44,13 @@ def row_pieces(m: int) -> tuple[tuple[int, int], ...]:
     """How m rows are multiplied: (rows, bucket) pieces in order, rows <= bucket, bucket in ROW_BUCKETS."""
     pieces = []
     while m > 0:
-        i = bisect.bisect_right(ROW_BUCKETS, m) - 1  # the largest count that fits
-        if ROW_BUCKETS[i] == m or m <= PAD_BELOW:
-            pieces.append((m, ROW_BUCKETS[bisect.bisect_left(ROW_BUCKETS, m)]))
+        up = bisect.bisect_left(ROW_BUCKETS, m)  # the smallest count that holds all m rows
+        if up < len(ROW_BUCKETS) and (m <= PAD_BELOW or (ROW_BUCKETS[up] - m) * PAD_SHARE <= m):
+            pieces.append((m, ROW_BUCKETS[up]))
             break
-        pieces.append((ROW_BUCKETS[i], ROW_BUCKETS[i]))
-        m -= ROW_BUCKETS[i]
+        largest = ROW_BUCKETS[bisect.bisect_right(ROW_BUCKETS, m) - 1]  # the largest count that fits
+        pieces.append((largest, largest))
+        m -= largest
     return tuple(pieces)
 
 
