@@ -103,6 +103,17 @@ def test_only_a_float32_model_on_the_cpu_is_prepacked():
     assert not any(isinstance(m, PrepackedLinear) for m in model.modules())
 
 
+def test_where_the_operators_fail_their_probe_the_model_keeps_f_linear(monkeypatch):
+    import nmt.translate.prepacked as prepacked
+
+    monkeypatch.setattr(prepacked, "available", lambda: False)  # missing, disagreeing or batch-dependent
+    model = Transformer(make_config().model, 64)
+    assert not prepack_decoder(model)
+    assert model.output_kernel is None
+    assert not any(isinstance(m, PrepackedLinear) for m in model.modules())
+    assert available()  # the real probe passes on this CPU, or this module would have been skipped
+
+
 def test_beam_search_of_a_sentence_is_the_same_alone_and_in_a_batch():
     torch.manual_seed(0)
     model = Transformer(make_config().model, 64).eval()
