@@ -12,7 +12,7 @@ are even, so they keep F.linear.
 
 The operators are torch's own, but private ones (torch.ops.mkldnn._reorder_linear_weight and
 _linear_pointwise), so `prepack_decoder` first checks them on a small product and leaves the model as it
-is where they are missing or disagree.
+is where they are missing, disagree with F.linear, or give a row other bits among other rows.
 
 A row's output does not depend on how many rows share the product (tests/test_prepacked.py checks it over
 1 to 2,100 rows; `available` checks it on the CPU at hand), so translations stay independent of the
