@@ -150,7 +150,9 @@ def test_train_speed_runs_fairseq_and_nmt_one_after_the_other(tmp_path, capsys, 
     assert rows["fairseq 0.12.3 fp32"][1:3] == ["1,000", "1.00"]
     nmt = rows["nmt fp32"]
     speed_nmt = float(nmt[1].replace(",", ""))
-    assert speed_nmt > 0 and nmt[2] == f"{speed_nmt / 1000.5:.2f}" and float(nmt[3].split()[0]) > 0.1
+    # the table rounds nmt's speed to whole tokens/s before it is shown, the ratio is of the unrounded one
+    assert speed_nmt > 0 and float(nmt[2]) == pytest.approx(speed_nmt / 1000.5, abs=0.011)
+    assert float(nmt[3].split()[0]) > 0.1
     assert int(nmt[4].rstrip(" |")) >= 2  # log lines the median was taken over
     text = results.read_text()
     assert "## Training speed side by side" in text and "train_speed.py" in text and "| nmt fp32 |" in text
