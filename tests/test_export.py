@@ -16,6 +16,9 @@ from nmt.checkpoint import load_model
 from nmt.cli import app
 from nmt.translate import Translator, ctranslate2_translator
 
+# numerics: trains or compares numbers, so `make test` runs it again with the AVX2 kernels forced
+pytestmark = pytest.mark.numerics
+
 needs_ct2 = pytest.mark.skipif(
     find_spec("ctranslate2") is None, reason="ctranslate2 is not installed: pip install 'nmt[ctranslate2]'"
 )

@@ -33,6 +33,9 @@ from nmt.train.update import forward_backward, optimizer_step
 
 from .synthetic import make_config, make_workdir, reverse
 
+# numerics: trains or compares numbers, so `make test` runs it again with the AVX2 kernels forced
+pytestmark = pytest.mark.numerics
+
 CUDA = torch.cuda.is_available()
 NO_CUDA = "needs a CUDA GPU (torch.cuda.is_available() is False here)"
 ON_CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason=NO_CUDA)])
@@ -105,27 +108,51 @@ def gradients(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 # Training in bf16
 
 
+def jitter_to_bf16_rounding(model: torch.nn.Module, seed: int) -> None:
+    """Move every weight by up to half a bf16 unit in the last place (relative 2^-9): a model that bf16
+    cannot tell from the original, whose bf16 rounding may fall the other way."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1 + (torch.rand(p.shape, generator=g) - 0.5).to(p.device) * 2**-8)
+
+
 @DEVICES
 def test_a_bf16_update_gives_the_fp32_loss_and_gradients(device):
-    """One update of two micro-batches through the trainer's forward/backward under bf16 autocast: the
-    loss within 1%, every parameter's gradient within 5% (norm of the difference over the norm), the
-    weights and gradients still fp32 (autocast keeps fp32 master weights)."""
+    """One update of two micro-batches through the trainer's forward/backward under bf16 autocast gives
+    the fp32 loss and gradients to within bf16's own rounding, the weights and gradients still fp32
+    (autocast keeps fp32 master weights).
+
+    The bound is measured, not a constant that one CPU happens to meet (native bf16 kernels round
+    otherwise than emulated ones): the spread between bf16 updates of models that differ only below
+    bf16's resolution (`jitter_to_bf16_rounding`). Both are draws of bf16's rounding noise, so the bf16
+    error is about 1/sqrt(2) of that spread; twice the spread allows for the draw."""
     update = random_update(device, seed=1)
     norm = 1 / update.target_tokens
-    results = {}
-    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+    rt = {
+        dtype: Runtime(device=resolve_device(device), dtype=dtype)
+        for dtype in (torch.float32, torch.bfloat16)
+    }
+
+    def run(dtype: torch.dtype, jitter: int | None = None):
         model = tiny_model(device).train()
-        rt = Runtime(device=resolve_device(device), dtype=dtype)
-        sums = forward_backward(model, model.output_weight, update.batches, norm, 0.1, rt, None)
-        results[name] = (sums.cpu(), gradients(model))
-    (sums32, grads32), (sums16, grads16) = results["fp32"], results["bf16"]
+        if jitter is not None:
+            jitter_to_bf16_rounding(model, jitter)
+        sums = forward_backward(model, model.output_weight, update.batches, norm, 0.1, rt[dtype], None)
+        return sums.cpu(), gradients(model)
+
+    sums32, grads32 = run(torch.float32)
+    sums16, grads16 = run(torch.bfloat16)
+    spread = [run(torch.bfloat16, jitter) for jitter in (1, 2, 3)]
     assert sums16.dtype == torch.float32
     assert not torch.equal(sums16, sums32)  # bf16 really ran: some rounding differs
-    torch.testing.assert_close(sums16, sums32, rtol=0.01, atol=0)
+    loss_spread = max((s - sums16).abs().max().item() for s, _ in spread)
+    assert (sums16 - sums32).abs().max().item() <= 2 * loss_spread
     assert grads16.keys() == grads32.keys() and len(grads32) == len(list(tiny_model("cpu").parameters()))
     for name, g in grads16.items():
         assert g.dtype == torch.float32, name
-        assert relative_error(g, grads32[name]) < 0.05, (name, relative_error(g, grads32[name]))
+        bound = 2 * max(relative_error(grads[name], g) for _, grads in spread)
+        assert relative_error(g, grads32[name]) <= bound, (name, relative_error(g, grads32[name]), bound)
 
 
 # ---------------------------------------------------------------------------------------------------------

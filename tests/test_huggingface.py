@@ -23,6 +23,9 @@ from nmt.huggingface import ABSENT_LOGIT
 from nmt.tokens import BOS, EOS, PAD
 from nmt.translate import Translator
 
+# numerics: trains or compares numbers, so `make test` runs it again with the AVX2 kernels forced
+pytestmark = pytest.mark.numerics
+
 transformers = pytest.importorskip(
     "transformers", reason="transformers is the oracle: pip install -e '.[dev]'"
 )
@@ -411,7 +414,9 @@ def test_init_from_an_imported_model_fine_tunes_stops_and_resumes(
     data = {k: v for k, v in shipped["data"].items() if k != "vocab_size"}
     recipe = tmp_path / "finetune.yaml"
     train = {"batch_tokens": 1024, "update_tokens": 1024, "warmup": 4, "peak_lr": 0.001, "log_every": 1}
-    train.update(save_every=6, validate_every=1000, valid_bleu=False, max_steps=12, threads=1)
+    train.update(
+        save_every=6, validate_every=1000, valid_bleu=False, max_steps=12, threads=1, precision="fp32"
+    )
     recipe.write_text(yaml.safe_dump({"data": data, "train": train}))
     run, straight = tmp_path / "run", tmp_path / "straight"
     common = ["--init-from", str(pretrained), "--mirror", str(multi30k_mirror)]

@@ -17,7 +17,8 @@ from nmt.translate.int8 import Int8Linear, quantize_int8
 
 from .synthetic import make_config
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+# numerics: trains or compares numbers, so `make test` runs it again with the AVX2 kernels forced
+pytestmark = [pytest.mark.numerics, pytest.mark.usefixtures("one_torch_thread")]
 
 
 def test_an_int8_linear_map_is_within_a_few_percent_of_float():

@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 
 from nmt.cli import app
 
-pytestmark = pytest.mark.slow  # trains a Multi30k model through `nmt run`
+# numerics: trains or compares numbers, so `make test` runs it again with the AVX2 kernels forced
+pytestmark = [pytest.mark.numerics, pytest.mark.slow]  # trains a Multi30k model through `nmt run`
 
 SMALL = [
     "data.vocab_size=2000",
@@ -31,6 +32,7 @@ SMALL = [
     "train.average_last=2",
     "train.threads=2",
     "train.compile=false",
+    "train.precision=fp32",  # the same model on every CPU (auto is bf16 where it is native)
 ]
 
 

@@ -12,6 +12,9 @@ from nmt.tokens import PAD
 from nmt.train.loss import label_smoothed_nll, projected_label_smoothed_nll
 from nmt.train.optim import cooldown_factor, inverse_sqrt_lr, lr_scale
 
+# numerics: trains or compares numbers, so `make test` runs it again with the AVX2 kernels forced
+pytestmark = pytest.mark.numerics
+
 TINY = ModelConfig(encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64, heads=4, dropout=0.0)
 
 

@@ -23,6 +23,7 @@ TINY = [
     "train.average_last=2",
     "train.threads=1",
     "train.compile=false",
+    "train.precision=fp32",  # the same model on every CPU (auto is bf16 where it is native)
     "decode.beam=2",
     "decode.max_len_b=3",
 ]

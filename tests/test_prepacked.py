@@ -27,7 +27,9 @@ from nmt.translate.search import beam_search
 
 from .synthetic import make_config
 
+# numerics: trains or compares numbers, so `make test` runs it again with the AVX2 kernels forced
 pytestmark = [
+    pytest.mark.numerics,
     pytest.mark.usefixtures("one_torch_thread"),
     pytest.mark.skipif(not available(), reason="this torch lacks oneDNN's linear operators"),
 ]

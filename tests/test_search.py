@@ -25,7 +25,8 @@ from nmt.translate.search import (
 UNK, A, B = 1, 4, 5
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+# numerics: trains or compares numbers, so `make test` runs it again with the AVX2 kernels forced
+pytestmark = [pytest.mark.numerics, pytest.mark.usefixtures("one_torch_thread")]
 
 
 # ---- a decoder whose next-token probabilities are a script keyed by the prefix ----------------------
