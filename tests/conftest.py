@@ -44,8 +44,18 @@ def synthetic_run(tmp_path_factory) -> Path:
 
     workdir = tmp_path_factory.mktemp("synthetic-run")
     make_workdir(workdir)
-    # At the default 0.003 this task has loss spikes late in training, and where one falls depends on
-    # rounding (it moved when the loss kernels changed); best.pt is the best of three validations.
-    cfg = make_config(max_steps=450, threads=2, peak_lr=0.002, validate_every=150, save_every=150)
+    # This task has loss spikes late in training, and where one falls depends on rounding: at a constant
+    # end of the schedule the model learned 85 of 100 validation lines with AVX-512 kernels and 98 with
+    # AVX2 ones. Clipping and a linear cool-down over the last 30% end it on a settled model (98-100
+    # with either); best.pt is the best of three validations.
+    cfg = make_config(
+        max_steps=450,
+        threads=2,
+        peak_lr=0.002,
+        validate_every=150,
+        save_every=150,
+        cooldown=0.3,
+        clip_norm=1.0,
+    )
     train(cfg, workdir)
     return workdir
