@@ -183,8 +183,8 @@ class SyntheticPairs:
 
 def train_spm(lines: Sequence[str], prefix: Path, vocab_size: int, **options):
     """A SentencePiece model of `lines` with nmt's reserved ids (tests pick model types the recipes do not
-    offer, such as `word`); returns its nmt.data.subword.Subword."""
-    from nmt.data.subword import Subword
+    offer, such as `word`); returns its nmt.subword.Subword."""
+    from nmt.subword import Subword
 
     prefix.parent.mkdir(parents=True, exist_ok=True)
     text = prefix.with_suffix(".txt")
@@ -226,7 +226,7 @@ def random_model(workdir: Path, recipe: str = "multi30k-en-de") -> Path:
     The text has enough distinct words for the recipe's vocabulary (37,000 subwords for the WMT14 base
     recipe need ~40,000 words), so the model has the recipe's exact parameter count.
     """
-    from nmt.data.subword import Subword, train_subword
+    from nmt.subword import Subword, train_subword
 
     cfg = load_config(recipe, [])
     corpus = workdir / "spm-train.txt"

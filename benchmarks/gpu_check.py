@@ -554,7 +554,7 @@ def stage_decode(args: argparse.Namespace, work: Path) -> dict:
     notes = []
     ct2_dir = work / "ct2"
     if importable("ctranslate2"):
-        from nmt.translate.export import export
+        from nmt.formats.export import export
 
         shutil.rmtree(ct2_dir, ignore_errors=True)
         try:

@@ -23,8 +23,8 @@ import torch
 
 from nmt.checkpoint import load_checkpoint, save_checkpoint
 from nmt.config import config_from_dict
-from nmt.data.subword import Subword
 from nmt.model import Transformer, count_parameters
+from nmt.subword import Subword
 from nmt.tokens import BOS, EOS, PAD, UNK
 
 

@@ -5,7 +5,7 @@
         --input runs/multi30k-en-de/data/test/test_2016_flickr.en --repeats 3 --record
 
 Engines: nmt (fp32 and int8 on a CPU, bf16 on a GPU) and CTranslate2 on a folder exported from the same
-checkpoint by nmt.translate.export (float32 and int8 on a CPU; float16 and bfloat16 on a GPU). Every engine
+checkpoint by nmt.formats.ctranslate2 (float32 and int8 on a CPU; float16 and bfloat16 on a GPU). Every engine
 gets the same decode settings (beam 4, the checkpoint's length penalty and length limit), the same batch
 budget (both cut batches with nmt.translate.token_batches) and the same threads (torch.set_num_threads,
 CTranslate2's intra_threads). Each engine lives in its own worker process, which loads the model once; the
@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
     from rich.table import Table
 
     from nmt.checkpoint import load_checkpoint
-    from nmt.translate.export import export
+    from nmt.formats.export import export
 
     console = Console(stderr=True)
     with tempfile.TemporaryDirectory(prefix="translate-speed-") as tmp:

@@ -3,7 +3,8 @@
 Every writer in nmt goes through `atomic_write` (or `atomic_replace` for a file some library writes
 by name): the bytes go to a temporary file in the same folder, are fsynced, the file is renamed over
 the target and the folder is fsynced, so a kill, a power cut or a full disk at any moment leaves the
-previous file intact and no temporary file behind.
+previous file intact and no temporary file behind. A folder (a model export) is filled under a temporary
+name and renamed whole by `atomic_folder`; `check_replaceable` says whether an existing one may go.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
+
+from nmt.errors import NmtError
 
 
 @contextlib.contextmanager
@@ -59,6 +62,16 @@ def atomic_folder(output: Path) -> Iterator[Path]:
         fsync_dir(output.parent)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def check_replaceable(output: Path, force: bool, marker: str) -> None:
+    """An existing folder that `atomic_folder` would replace is replaced only with `force`, and only when
+    it holds `marker`, a file only our writer puts there: never an unrelated folder."""
+    if output.exists():
+        if not force:
+            raise NmtError(f"{output} already exists; add --force to replace it")
+        if not (output / marker).is_file():
+            raise NmtError(f"{output} exists and is not an nmt export; refusing to replace it")
 
 
 def write_text(path: Path | str, text: str) -> None:

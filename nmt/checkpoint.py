@@ -4,6 +4,15 @@ A checkpoint is enough to translate (it carries its own subword model) and enoug
 schedule, scaler, RNG and data position). It holds only tensors, dicts, lists, strings and numbers, so it
 loads with `torch.load(weights_only=True)` and never unpickles code. Writes are atomic (nmt.atomic), so a
 kill at any moment leaves the previous file intact.
+
+Fine-tuning: a run may start from a checkpoint (`data.init_from`, or `--init-from` on preprocess, train
+and run) instead of from random weights and new subwords. The checkpoint decides what its weights mean:
+the model keys and the vocabulary. A recipe may leave them out (they are taken from the checkpoint,
+`checkpoint_config`) or repeat them, but not contradict them; only the dropout rates, which change
+training and not the weights, are the recipe's to set (nmt.config.merge_init_from). Preprocessing encodes
+with the checkpoint's own subword models (`checkpoint_subword`) rather than training new ones, and
+training starts from its weights (`init_weights`) with the recipe's optimizer and schedule, fresh.
+Everything else (stops, resume, averaging) is an ordinary run.
 """
 
 from __future__ import annotations
@@ -18,8 +27,8 @@ from torch import Tensor
 
 from nmt.atomic import atomic_write
 from nmt.config import Config, config_from_dict, config_to_dict
-from nmt.data.subword import Subword
 from nmt.errors import CheckpointError, ConfigError, DataError
+from nmt.subword import Subword
 
 FORMAT = "nmt-checkpoint"
 VERSION = 1
@@ -142,6 +151,22 @@ def load_checkpoint(path: Path) -> Checkpoint:
 def checkpoint_config(path: Path) -> dict:
     """A checkpoint's config as a plain dict: what a fine-tuning recipe takes its model keys from."""
     return config_to_dict(load_checkpoint(path).config)
+
+
+def checkpoint_subword(path: str | Path) -> bytes:
+    """A checkpoint's subword model, as a fine-tuning run's data/spm.model holds it."""
+    return load_checkpoint(Path(path)).subword_proto
+
+
+def init_weights(model, path: str | Path, subword: Subword) -> None:
+    """Load the checkpoint's weights into `model`, after checking that the run's subwords are its own."""
+    ckpt = load_checkpoint(Path(path))
+    if ckpt.subword_proto != subword.proto:
+        raise DataError(
+            f"data/spm.model is not the subword model of {path}: run `nmt preprocess --init-from {path}` "
+            "with this recipe first"
+        )
+    model.load_state_dict(ckpt.model_state)
 
 
 def load_model(path: Path, device: str | torch.device = "cpu"):

@@ -133,12 +133,19 @@ def preprocess(
       nmt preprocess recipes/multi30k-en-de.yaml --mirror ../shared/data/multi30k
       nmt preprocess my-domain.yaml --init-from opus-mt-en-de.pt   # encode with the model's subwords
     """
-    from nmt.checkpoint import checkpoint_config
+    from nmt.checkpoint import checkpoint_config, checkpoint_subword
     from nmt.config import load_config
     from nmt.data.preprocess import preprocess as run_preprocess
 
     cfg = load_config(recipe, _overrides(overrides, init_from), checkpoint_config)
-    run_preprocess(cfg, _workdir(recipe, workdir), mirror=mirror, force=force, console=err)
+    run_preprocess(
+        cfg,
+        _workdir(recipe, workdir),
+        mirror=mirror,
+        force=force,
+        console=err,
+        checkpoint_subword=checkpoint_subword,
+    )
 
 
 @app.command()
@@ -224,7 +231,7 @@ def export(
       nmt translate --engine ctranslate2 -m ct2-en-de -i in.en > out.de
       nmt export -m average.pt --format huggingface -o hf-en-de   # MarianMTModel.from_pretrained("hf-en-de")
     """
-    from nmt.translate.export import export as run_export
+    from nmt.formats.export import export as run_export
 
     err.print(f"exported {model} to {run_export(model, output, fmt, force=force)}")
 
@@ -247,7 +254,7 @@ def import_model(
       nmt import opus-mt-en-de -o opus-mt-en-de.pt
       echo "A man rides a bike." | nmt translate -m opus-mt-en-de.pt
     """
-    from nmt.huggingface import import_marian
+    from nmt.formats.huggingface import import_marian
 
     err.print(f"imported {folder} as {import_marian(folder, output, src_lang, tgt_lang)}")
 

@@ -60,7 +60,7 @@ class DataConfig:
     max_words: int = 250
     max_ratio: float = 1.5
     max_subwords: int = 256  # training pairs longer than this in subwords are dropped after encoding
-    # Fine-tuning: a checkpoint whose subwords, model keys and weights the run starts from (nmt.finetune).
+    # Fine-tuning: a checkpoint whose subwords, model keys and weights the run starts from (nmt.checkpoint).
     init_from: str | None = None
 
 
@@ -238,7 +238,7 @@ VOCABULARY_KEYS = ("vocab_size", "subword_type")
 
 def merge_init_from(raw: dict, source: str, checkpoint_config: Callable[[Path], dict]) -> None:
     """Fill a raw recipe's model and vocabulary keys from the checkpoint `data.init_from` names, or
-    raise ConfigError naming the first key that contradicts it (nmt.finetune says why)."""
+    raise ConfigError naming the first key that contradicts it (nmt.checkpoint says why)."""
     path = raw["data"]["init_from"]
     if not isinstance(path, str):
         raise ConfigError(f"{source}: data.init_from: expected a checkpoint path, got {path!r}")

@@ -1,12 +1,12 @@
 """The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), in the paper's order.
 
 Shapes: B batch, S source length, T target length, D d_model, H heads, K = D / H per head, V vocabulary,
-L decoder layers. Token id 0 is padding (see nmt.data.subword).
+L decoder layers. Token id 0 is padding (see nmt.subword).
 
 Deviations from the paper, each optional and off in the paper recipes: `norm: pre` moves LayerNorm in
 front of each sub-layer (and adds one after each stack); attention and activation dropout; and, for
-pretrained MarianMT models (nmt.huggingface), `activation: swish` in the FFN and `output_bias`, a fixed
-(untrained) bias on the output logits.
+pretrained MarianMT models (nmt.formats.huggingface), `activation: swish` in the FFN and `output_bias`, a
+fixed (untrained) bias on the output logits.
 
 Besides `forward` (teacher forcing), the decoder offers the incremental contract that search uses:
 `init_state(memory, src_keep, max_len, beam)`, `step(tokens, state) -> (logits, state)`,

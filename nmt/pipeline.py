@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from nmt.atomic import write_text
-from nmt.checkpoint import average_checkpoints, last_checkpoints
+from nmt.checkpoint import average_checkpoints, checkpoint_subword, last_checkpoints
 from nmt.config import Config, DecodeOverrides
 from nmt.data.preprocess import preprocess
 from nmt.device import resolve_device
@@ -35,7 +35,7 @@ def run_pipeline(
     ckpt_dir = workdir / "checkpoints"
 
     console.rule("[bold]1. preprocess")
-    preprocess(cfg, workdir, mirror=mirror, console=console)
+    preprocess(cfg, workdir, mirror=mirror, console=console, checkpoint_subword=checkpoint_subword)
 
     console.rule("[bold]2. train")
     train(cfg, workdir, console=console)

@@ -13,7 +13,7 @@ from common import train_spm
 
 from nmt.config import Config, config_from_dict
 from nmt.data.binarized import write_split
-from nmt.data.subword import Subword
+from nmt.subword import Subword
 
 LETTERS = "abcdefghijklmnop"
 

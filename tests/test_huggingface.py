@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from nmt.checkpoint import load_checkpoint, load_model
 from nmt.cli import app
-from nmt.huggingface import ABSENT_LOGIT
+from nmt.formats.huggingface import ABSENT_LOGIT
 from nmt.tokens import BOS, EOS, PAD
 from nmt.translate import Translator
 

@@ -17,8 +17,8 @@ from nmt.config import RECIPES_DIR, config_from_dict, load_config
 from nmt.data.binarized import ParallelData, write_split
 from nmt.data.clean import clean_pairs, drop_reason
 from nmt.data.preprocess import preprocess
-from nmt.data.subword import Subword
 from nmt.errors import DataError
+from nmt.subword import Subword
 from nmt.tokens import EOS
 
 NEEDS_MIRROR = "set NMT_DATA_MIRROR=/path/to/multi30k to run"
@@ -268,7 +268,7 @@ def test_subwords_trained_twice_on_a_corpus_larger_than_their_sample_are_identic
     import random
 
     from nmt.config import DataConfig
-    from nmt.data.subword import sample_lines, train_subword
+    from nmt.subword import sample_lines, train_subword
 
     rng = random.Random(0)
     words = [

@@ -327,7 +327,7 @@ def test_decode_limits_have_one_set_of_rules(made, key, value):
 
 
 def test_an_over_long_line_is_cut_before_sentencepiece_sees_it(made, monkeypatch):
-    from nmt.data.subword import Subword
+    from nmt.subword import Subword
     from nmt.translate import Translator
 
     seen: list[int] = []
@@ -436,7 +436,7 @@ def test_long_warnings_are_one_line_when_stderr_is_a_file(made):
 
 
 def test_the_sentencepiece_model_is_the_same_in_any_work_directory(tmp_path):
-    from nmt.data.subword import train_subword
+    from nmt.subword import train_subword
 
     text = tmp_path / "corpus.txt"
     text.write_text("".join(f"the {w} sat on a mat number {i}\n" for i, w in enumerate(["cat", "dog"] * 200)))
@@ -451,7 +451,7 @@ def test_the_sentencepiece_model_is_the_same_in_any_work_directory(tmp_path):
 
 
 def test_an_empty_training_corpus_says_so(tmp_path):
-    from nmt.data.subword import train_subword
+    from nmt.subword import train_subword
 
     empty = tmp_path / "train.clean.en"
     empty.write_text("\n\n")

@@ -20,7 +20,7 @@ from sacrebleu.dataset import DATASETS
 from nmt.config import RECIPES_DIR, load_config
 from nmt.data.binarized import ParallelData
 from nmt.data.preprocess import preprocess
-from nmt.data.subword import Subword
+from nmt.subword import Subword
 
 from .test_fetch import served, tar_bytes  # noqa: F401  (served is a fixture)
 

@@ -28,6 +28,7 @@ from nmt.config import Config
 from nmt.data.batching import collate, epoch_batches
 from nmt.data.binarized import ParallelData
 from nmt.errors import DataError
+from nmt.subword import Subword
 
 Batch = tuple[Tensor, Tensor, Tensor]  # src (B, S), tgt_in (B, T), tgt_out (B, T)
 
@@ -42,13 +43,11 @@ class TrainData:
     valid: ParallelData
     valid_src: list[str]
     valid_ref: list[str]
-    subword: object  # nmt.data.subword.Subword
+    subword: Subword
 
 
 def load_data(cfg: Config, workdir: Path) -> TrainData:
     """The binarized splits, validation text and SentencePiece model that `nmt preprocess` wrote."""
-    from nmt.data.subword import Subword
-
     data_dir = workdir / "data"
     spm = data_dir / "spm.model"
     if not spm.exists() or not (data_dir / "train.src.idx").exists():

@@ -20,7 +20,7 @@ import json
 import os
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from operator import itemgetter
 from pathlib import Path
 
@@ -32,9 +32,9 @@ from nmt.config import Config, DataConfig, config_to_dict
 from nmt.data.binarized import write_split
 from nmt.data.clean import REASONS, clean_pairs, open_text, read_pairs
 from nmt.data.corpora import corpus_text
-from nmt.data.subword import Subword, train_subword
-from nmt.finetune import init_subword, subword_sha256
+from nmt.errors import ConfigError
 from nmt.progress import Progress, count_lines
+from nmt.subword import Subword, train_subword
 
 STEPS = ("text", "subword", "binarize")
 FORMAT = 1  # bump when the outputs change meaning, so old work directories are redone
@@ -57,13 +57,24 @@ def preprocess(
     mirror: str | None = None,
     force: bool = False,
     console: Console | None = None,
+    checkpoint_subword: Callable[[str], bytes] | None = None,
 ) -> dict:
-    """Run the steps not yet done for this data config; returns the statistics of data/stats.json."""
+    """Run the steps not yet done for this data config; returns the statistics of data/stats.json.
+
+    A fine-tuning recipe (data.init_from) encodes with the checkpoint's own subword model, which
+    `checkpoint_subword` reads (nmt.checkpoint.checkpoint_subword): passed in, so that the data stage
+    imports nothing of the checkpoint's level above it.
+    """
     console = console or Console(stderr=True, quiet=True)
     data, out = cfg.data, Path(workdir) / "data"
+    init_subword = None
+    if data.init_from:
+        if checkpoint_subword is None:
+            raise ConfigError("data.init_from: this caller cannot read checkpoints")
+        init_subword = checkpoint_subword(data.init_from)
     stale = force
     for step in STEPS:
-        fingerprint = _fingerprint(data, step)
+        fingerprint = _fingerprint(data, step, init_subword)
         reason = "forced" if force else _why_redo(out, step, fingerprint, _outputs(out, data, step))
         if reason is None and not stale:
             continue
@@ -72,8 +83,8 @@ def preprocess(
         start = time.perf_counter()
         if step == "text":
             info = write_text(data, out, mirror=mirror, console=console)
-        elif step == "subword" and data.init_from:  # fine-tuning: the checkpoint's own subwords
-            atomic.write_bytes(out / "spm.model", init_subword(data.init_from))
+        elif step == "subword" and init_subword is not None:  # fine-tuning: the checkpoint's own subwords
+            atomic.write_bytes(out / "spm.model", init_subword)
             info = {"model": str(out / "spm.model"), "from": data.init_from}
         elif step == "subword":
             model = train_subword([_clean(out, data.src_lang), _clean(out, data.tgt_lang)], out / "spm", data)
@@ -255,14 +266,14 @@ def _clean(out: Path, lang: str) -> Path:
     return out / "clean" / f"train.{lang}"
 
 
-def _fingerprint(data: DataConfig, step: str) -> str:
+def _fingerprint(data: DataConfig, step: str, init_subword: bytes | None = None) -> str:
     """A hash of the data settings `step` depends on: a new vocabulary size must not redo the cleaning."""
     settings = config_to_dict(data)
     if step == "text":
         for key in SUBWORD_KEYS:
             settings.pop(key)
-    elif data.init_from:  # the checkpoint's subwords, not just its path: a new file at the same path counts
-        settings["init_from_subword"] = subword_sha256(init_subword(data.init_from))
+    elif init_subword is not None:  # the checkpoint's subwords, not just its path: a new file there counts
+        settings["init_from_subword"] = hashlib.sha256(init_subword).hexdigest()
     raw = json.dumps({"format": FORMAT, "data": settings}, sort_keys=True)
     return hashlib.sha256(raw.encode()).hexdigest()
 

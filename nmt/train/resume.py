@@ -21,11 +21,17 @@ import torch
 from rich.console import Console
 
 from nmt.atomic import link_or_copy
-from nmt.checkpoint import STEP_FILE, Checkpoint, load_checkpoint, save_checkpoint, step_checkpoints
+from nmt.checkpoint import (
+    STEP_FILE,
+    Checkpoint,
+    init_weights,
+    load_checkpoint,
+    save_checkpoint,
+    step_checkpoints,
+)
 from nmt.config import Config, config_to_dict
 from nmt.data.loader import TrainData, shard
 from nmt.errors import CheckpointError
-from nmt.finetune import init_weights
 from nmt.train.runtime import Runtime
 
 

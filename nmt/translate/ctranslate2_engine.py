@@ -32,8 +32,8 @@ from pathlib import Path
 
 from nmt.config import DecodeConfig
 from nmt.errors import NmtError
+from nmt.formats.ctranslate2 import import_ctranslate2, read_meta
 from nmt.tokens import BOS, EOS, PAD
-from nmt.translate.export import import_ctranslate2, read_meta
 from nmt.translate.search import Hypothesis
 
 NO_PENALTY = 1e-9  # non-zero, so CTranslate2 waits for K finished hypotheses; |Y|^1e-9 == 1.0 in float32

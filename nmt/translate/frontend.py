@@ -32,7 +32,7 @@ CHUNK_LINES = 2000  # lines read, sorted and batched together; their translation
 LINE_BREAKS = str.maketrans(dict.fromkeys("\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029", " "))
 
 
-# SentencePiece's default max_sentencepiece_length, which nmt.data.subword keeps: the most characters
+# SentencePiece's default max_sentencepiece_length, which nmt.subword keeps: the most characters
 # one subword covers.
 MAX_PIECE_CHARS = 16
 # C0 and C1 control characters but the tab: none is text; \n never reaches here, \r only at a line's end.
@@ -183,7 +183,7 @@ def ctranslate2_translator(
         raise NmtError(
             f"--engine ctranslate2 is not available ({e}); pip install 'nmt[ctranslate2]'"
         ) from None
-    from nmt.data.subword import Subword
+    from nmt.subword import Subword
 
     engine = CT2Engine(Path(model_dir), decode, device, compute_type, threads)
     return LineTranslator(engine, Subword.load(Path(model_dir) / "spm.model"), decode, console)
@@ -282,7 +282,7 @@ def load_translator(
         if len(paths) > 1:
             raise NmtError("--engine ctranslate2 decodes one model: ensembles need --engine torch")
         try:
-            from nmt.translate.export import exported_decode
+            from nmt.formats.ctranslate2 import exported_decode
         except ImportError as e:
             raise NmtError(
                 f"--engine ctranslate2 is not available ({e}); pip install 'nmt[ctranslate2]'"

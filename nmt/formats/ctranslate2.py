@@ -1,5 +1,4 @@
-"""Convert a checkpoint into another inference engine's model folder: CTranslate2 here, and the Hugging
-Face MarianMT folder through nmt.huggingface.
+"""A checkpoint as a CTranslate2 model folder (`nmt export --format ctranslate2`).
 
 The conversion goes through CTranslate2's own specification API (the one its fairseq and OpenNMT-py
 converters use): `TransformerSpec.from_config` describes the architecture and the weights are filled in
@@ -10,8 +9,9 @@ need not be the layout CTranslate2 would compute), the LayerNorm epsilon (torch'
 tokens. The output projection is the shared embedding matrix without a bias, as in nmt.model.
 
 The folder holds CTranslate2's files (model.bin, config.json, shared_vocabulary.json: SentencePiece
-pieces in id order) plus spm.model, the subword model, and nmt.json, the checkpoint's decode settings,
-so it is enough to translate with `nmt translate --engine ctranslate2 -m DIR`.
+pieces in id order) plus spm.model, the subword model, and nmt.json, the checkpoint's languages,
+positions and decode settings, so it is enough to translate with `nmt translate --engine ctranslate2 -m DIR`
+(nmt.translate.ctranslate2_engine).
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ import dataclasses
 import json
 from pathlib import Path
 
-from nmt.atomic import atomic_folder
+from nmt.atomic import atomic_folder, check_replaceable
 from nmt.checkpoint import Checkpoint, load_checkpoint
 from nmt.config import DecodeConfig
 from nmt.errors import CheckpointError, NmtError
+from nmt.formats import META_FILE
+from nmt.subword import Subword
 from nmt.tokens import BOS, EOS, UNK
 
-FORMATS = ("ctranslate2", "huggingface")
-META_FILE = "nmt.json"
 META_FORMAT = "nmt-ctranslate2"
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which nmt.model uses
 
@@ -40,22 +40,15 @@ def import_ctranslate2():
     return ctranslate2
 
 
-def export(model_path: Path, output: Path, fmt: str = "ctranslate2", force: bool = False) -> Path:
-    """`nmt export`: write the checkpoint `model_path` as a `fmt` model folder `output`; returns it.
+def export_ctranslate2(model_path: Path, output: Path, force: bool = False) -> Path:
+    """`nmt export --format ctranslate2`: the checkpoint as a CTranslate2 folder; returns it.
 
-    The folder is built under a temporary name beside `output` and renamed at the end, so a failed
-    export leaves nothing behind. An existing `output` is replaced only with `force`, and only when it
-    holds a previous export (never an unrelated folder).
+    Built under a temporary name beside `output` and renamed at the end; an existing `output` is replaced
+    only with `force` and only when an earlier export wrote it.
     """
-    if fmt not in FORMATS:
-        raise NmtError(f"--format {fmt}: expected one of {', '.join(FORMATS)}")
-    if fmt == "huggingface":
-        from nmt.huggingface import export_marian
-
-        return export_marian(Path(model_path), Path(output), force=force)
     ct2 = import_ctranslate2()
     output = Path(output)
-    check_replaceable(output, force)
+    check_replaceable(output, force, META_FILE)
     ckpt = load_checkpoint(Path(model_path))
     pieces = subword_pieces(ckpt.subword_proto)
     if len(pieces) != ckpt.vocab_size:
@@ -70,20 +63,8 @@ def export(model_path: Path, output: Path, fmt: str = "ctranslate2", force: bool
     return output
 
 
-def check_replaceable(output: Path, force: bool) -> None:
-    """An existing export folder is replaced only with `force`, and only when an export wrote it (it holds
-    nmt.json): never an unrelated folder."""
-    if output.exists():
-        if not force:
-            raise NmtError(f"{output} already exists; add --force to replace it")
-        if not (output / META_FILE).is_file():
-            raise NmtError(f"{output} exists and is not an nmt export; refusing to replace it")
-
-
 def subword_pieces(proto: bytes) -> list[str]:
     """The subword pieces in id order: CTranslate2 takes and returns token strings, not ids."""
-    from nmt.data.subword import Subword
-
     return Subword(proto).pieces()
 
 
@@ -173,7 +154,7 @@ def transformer_spec(ckpt: Checkpoint, pieces: list[str], specs):
 
     spec.register_source_vocabulary(pieces)
     spec.register_target_vocabulary(pieces)
-    # Decoding starts from BOS; the source is ids + [EOS] (nmt.data.subword's conventions), which
+    # Decoding starts from BOS; the source is ids + [EOS] (nmt.subword's conventions), which
     # CTranslate2 appends itself so that the folder also works without nmt.
     spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = (
         pieces[UNK],

@@ -3,7 +3,7 @@
 One joint model for both languages (paper, 5.1: "a shared source-target vocabulary"), trained on the raw
 cleaned text, so no Moses tokenizer is needed; ids 0-3 are reserved for pad, unk, bos and eos.
 
-A pretrained MarianMT model (nmt.huggingface) instead has two SentencePiece models, one per language,
+A pretrained MarianMT model (nmt.formats.huggingface) instead has two SentencePiece models, one per language,
 whose pieces map to ids through one shared vocabulary (its vocab.json), as transformers' MarianTokenizer
 does. Subword holds either kind behind one interface; the MarianMT kind is serialized as a small JSON
 document (the two models in base64 and the pieces in id order), so that a checkpoint, a work directory's

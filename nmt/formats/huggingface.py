@@ -19,7 +19,7 @@ how each difference is carried over exactly:
   the decoder's start token becomes BOS, and where it was also the padding token (always, in OPUS-MT) a
   new zero row is PAD, with an output bias of ABSENT_LOGIT, so low that its probability is 0 in float32
   and every other token's log-probability is unchanged. The two SentencePiece models and the reordered
-  vocabulary travel together as one nmt.data.subword.Subword.
+  vocabulary travel together as one nmt.subword.Subword.
 
 What transformers' Marian cannot hold is refused in one line: pre-norm layers (`norm: pre`), and on import
 separate source and target vocabularies, untied output embeddings, unscaled embeddings, learned
@@ -36,16 +36,16 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from nmt.atomic import atomic_folder
+from nmt.atomic import atomic_folder, check_replaceable
 from nmt.checkpoint import load_checkpoint, save_checkpoint
 from nmt.config import DecodeConfig, ModelConfig, config_from_dict, config_to_dict
 from nmt.errors import CheckpointError, NmtError
+from nmt.formats import META_FILE
 from nmt.model import sinusoidal_positions
+from nmt.subword import Subword
 from nmt.tokens import BOS, EOS, PAD, UNK
-from nmt.translate.export import check_replaceable
 
 ABSENT_LOGIT = -100.0  # the output bias of a token the original model did not have: exp(-100) is 0 here
-META_FILE = "nmt.json"  # the same name as the CTranslate2 export's, so `--force` knows its own folders
 META_FORMAT = "nmt-huggingface"
 ACTIVATIONS = {"relu": "relu", "swish": "swish", "silu": "swish"}  # transformers' name -> model.activation
 
@@ -66,9 +66,7 @@ def export_marian(model_path: Path, output: Path, force: bool = False) -> Path:
     Built under a temporary name beside `output` and renamed at the end; an existing `output` is replaced
     only with `force` and only when an earlier export wrote it.
     """
-    from nmt.data.subword import Subword
-
-    check_replaceable(output, force)
+    check_replaceable(output, force, META_FILE)
     ckpt = load_checkpoint(model_path)
     m = ckpt.config.model
     if m.norm == "pre":
@@ -231,8 +229,6 @@ def import_marian(
     folder: Path, output: Path, src_lang: str | None = None, tgt_lang: str | None = None
 ) -> Path:
     """`nmt import`: a MarianMT folder as one nmt checkpoint (weights, config, subwords); returns it."""
-    from nmt.data.subword import Subword
-
     folder = Path(folder)
     if not folder.is_dir():
         raise NmtError(

@@ -1,0 +1,26 @@
+"""`nmt export`: a checkpoint as a model folder of another inference engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from nmt.errors import NmtError
+from nmt.formats import FORMATS
+
+
+def export(model_path: Path, output: Path, fmt: str = "ctranslate2", force: bool = False) -> Path:
+    """`nmt export`: write the checkpoint `model_path` as a `fmt` model folder `output`; returns it.
+
+    The folder is built under a temporary name beside `output` and renamed at the end, so a failed
+    export leaves nothing behind. An existing `output` is replaced only with `force`, and only when it
+    holds a previous export (never an unrelated folder).
+    """
+    if fmt not in FORMATS:
+        raise NmtError(f"--format {fmt}: expected one of {', '.join(FORMATS)}")
+    if fmt == "huggingface":
+        from nmt.formats.huggingface import export_marian
+
+        return export_marian(Path(model_path), Path(output), force=force)
+    from nmt.formats.ctranslate2 import export_ctranslate2
+
+    return export_ctranslate2(Path(model_path), Path(output), force=force)
