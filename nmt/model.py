@@ -8,9 +8,10 @@ front of each sub-layer (and adds one after each stack); attention and activatio
 pretrained MarianMT models (nmt.formats.huggingface), `activation: swish` in the FFN and `output_bias`, a
 fixed (untrained) bias on the output logits.
 
-Besides `forward` (teacher forcing), the decoder offers the incremental contract that search uses:
-`init_state(memory, src_keep, max_len, beam)`, `step(tokens, state) -> (logits, state)`,
-`reorder_beams(state, rows)` and `select_rows(state, rows)`. The state is explicit: self-attention
+Besides `forward` (teacher forcing), the decoder offers the incremental contract that search uses
+(nmt.translate.search.Decoder): `encode(src)`, `init_state(memory, src_keep, max_len, beam)`,
+`step(tokens, state) -> (logits, state)`, `reorder_beams(state, rows)`, `select_rows(state, rows)`, and
+its `vocab_size` and `max_positions`. The state is explicit: self-attention
 keys/values of every row for every layer, in a cache that grows in blocks of CACHE_BLOCK positions as the
 output does (most sentences stop long before their length limit), and encoder keys/values for
 cross-attention projected once per sentence and shared by its `beam` rows. The contract is for inference
@@ -68,7 +69,9 @@ class MultiHeadAttention(nn.Module):
 
     Self-attention projects Q, K, V with one fused matrix; cross-attention projects Q from the decoder and
     K, V (fused) from the encoder output, once per sentence. Attention itself is scaled dot-product
-    softmax(Q K^T / sqrt(d_k)) V (3.2.1) through F.scaled_dot_product_attention, which picks fused kernels.
+    softmax(Q K^T / sqrt(d_k)) V (3.2.1): over whole sequences (training, encoding) through
+    F.scaled_dot_product_attention, which picks fused kernels and applies attention dropout; for a decoding
+    step's few queries through `attention`'s three products (`attend_step`).
     """
 
     def __init__(self, d_model: int, heads: int, dropout: float, cross: bool):
@@ -85,36 +88,45 @@ class MultiHeadAttention(nn.Module):
         b, t, _ = x.shape
         return x.view(b, t, -1, self.heads, self.d_head).permute(2, 0, 3, 1, 4)  # (n, B, H, T, K)
 
-    def attend(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool = False, step: bool = False
-    ) -> Tensor:
-        """Heads (B, H, T, K) -> (B, T, D); `step`: one decoding step, whose `mask` is an additive bias."""
-        if step:
-            y = attention(q, k, v, mask)
-        else:
-            p = self.dropout if self.training else 0.0
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal)
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, causal: bool = False) -> Tensor:
+        """Whole sequences: heads (B, H, T, K) -> (B, T, D); `keep` (B, 1, 1, S) is True for the keys a
+        query may see (None: all), `causal` hides later positions."""
+        p = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=p, is_causal=causal)
+        return self.merge_heads(y)
+
+    def attend_step(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
+        """One decoding step: heads (B, H, T, K) -> (B, T, D); `bias` (B, 1, 1, S) is added to the scores,
+        0 for the keys a query may see and -inf for the others (None: all)."""
+        return self.merge_heads(attention(q, k, v, bias))
+
+    def merge_heads(self, y: Tensor) -> Tensor:
         b, _, t, _ = y.shape
         return self.out_proj(y.transpose(1, 2).reshape(b, t, -1))  # (B, H, T, K) -> (B, T, D)
 
-    def self_attention(self, x: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
+    def self_attention(self, x: Tensor, keep: Tensor | None, causal: bool) -> Tensor:
         q, k, v = self.split_heads(self.qkv_proj(x))  # each (B, H, T, K)
-        return self.attend(q, k, v, mask, causal)
+        return self.attend(q, k, v, keep, causal)
 
     def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         k, v = self.split_heads(self.kv_proj(memory))  # each (B, H, S, K)
         return k, v
 
-    def cross_attention(
-        self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor, beam: int = 1, step: bool = False
-    ) -> Tensor:
-        """x (B*beam, T, D) attends over k, v (B, H, S, K) of its sentence: a sentence's `beam`
+    def cross_queries(self, x: Tensor, beam: int) -> Tensor:
+        """Cross-attention queries of x (B*beam, T, D) -> (B, H, beam*T, K): a sentence's `beam`
         consecutive rows are beam*T query positions of one attention, so its keys/values are stored once."""
-        n, t, d = x.shape
-        q = (
-            self.q_proj(x).view(n // beam, beam * t, self.heads, self.d_head).transpose(1, 2)
-        )  # (B, H, beam*T, K)
-        return self.attend(q, k, v, mask, step=step).view(n, t, d)  # (B, beam*T, D) -> (B*beam, T, D)
+        n, t, _ = x.shape
+        return self.q_proj(x).view(n // beam, beam * t, self.heads, self.d_head).transpose(1, 2)
+
+    def cross_attention(self, x: Tensor, k: Tensor, v: Tensor, src_keep: Tensor) -> Tensor:
+        """x (B, T, D) attends over its sentence's k, v (B, H, S, K), the keys `src_keep` (B, 1, 1, S)."""
+        return self.attend(self.cross_queries(x, 1), k, v, src_keep)
+
+    def cross_attention_step(self, x: Tensor, k: Tensor, v: Tensor, src_bias: Tensor, beam: int) -> Tensor:
+        """x (B*beam, 1, D) attends over its sentence's k, v (B, H, S, K), with the key bias src_bias
+        (B, 1, 1, S)."""
+        y = self.attend_step(self.cross_queries(x, beam), k, v, src_bias)  # (B, beam, D)
+        return y.view(x.shape)  # (B*beam, 1, D)
 
 
 ACTIVATIONS = {"relu": F.relu, "swish": F.silu}  # swish(x) = x * sigmoid(x), as OPUS-MT models use
@@ -193,12 +205,10 @@ class DecoderLayer(nn.Module):
             qkv = attn.split_heads(attn.qkv_proj(h))  # (3, N, H, 1, K)
             cache_kv[:, :, :, t : t + 1] = qkv[1:]
             k, v = cache_kv[0, :, :, : t + 1], cache_kv[1, :, :, : t + 1]
-            return attn.attend(qkv[0], k, v, None, step=True)
+            return attn.attend_step(qkv[0], k, v, None)
 
         y = self.res_self(y, cached_self_attention)
-        y = self.res_cross(
-            y, lambda h: self.cross_attn.cross_attention(h, mem_k, mem_v, src_bias, beam, step=True)
-        )
+        y = self.res_cross(y, lambda h: self.cross_attn.cross_attention_step(h, mem_k, mem_v, src_bias, beam))
         return self.res_ffn(y, self.ffn)
 
 
@@ -288,6 +298,11 @@ class Transformer(nn.Module):
         if self.output_kernel is not None:
             return self.output_kernel(self.decoder_norm(y))
         return F.linear(self.decoder_norm(y), self.output_weight, self.output_bias)
+
+    @property
+    def max_positions(self) -> int:
+        """Positions of the sinusoid table (3.5): no sequence, source or target, is longer."""
+        return self.cfg.max_positions
 
     @property
     def output_weight(self) -> Tensor:

@@ -3,7 +3,6 @@ checked against a naive reference that recomputes the whole prefix at every step
 
 import math
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -45,7 +44,7 @@ class ScriptedModel:
 
     def __init__(self, script: dict, default: dict, vocab: int = 6, max_positions: int = 64):
         self.script, self.default = script, default
-        self.vocab_size, self.cfg = vocab, SimpleNamespace(max_positions=max_positions)
+        self.vocab_size, self.max_positions = vocab, max_positions
         self.steps = 0
 
     def encode(self, src):

@@ -1,4 +1,5 @@
-"""Ensemble decoding: several models searched as one, through the decoder contract of nmt.model.
+"""Ensemble decoding: several models searched as one, through the decoder contract of search
+(nmt.translate.search.Decoder), which the ensemble itself fulfils.
 
 At every step each model scores the next token with its own decoder state, and the ensemble's
 distribution is the average of theirs: log p(w) = logsumexp_m(log p_m(w)) - log M, as fairseq's
@@ -10,10 +11,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import torch
 from torch import Tensor, nn
+
+from nmt.translate.search import Decoder
 
 
 @dataclass
@@ -30,13 +32,13 @@ class EnsembleMemory:
 class Ensemble(nn.Module):
     """Models with one vocabulary, decoded as their averaged distribution."""
 
-    def __init__(self, models: list[nn.Module]):
+    def __init__(self, models: list[Decoder]):
         super().__init__()
         if len({m.vocab_size for m in models}) != 1:
             raise ValueError("ensemble members must share one vocabulary")
         self.members = list(models)  # a plain list: any object with the decoder contract may take part
         self.vocab_size = models[0].vocab_size
-        self.cfg = SimpleNamespace(max_positions=min(m.cfg.max_positions for m in models))
+        self.max_positions = min(m.max_positions for m in models)
 
     def train(self, mode: bool = True) -> Ensemble:
         super().train(mode)

@@ -1,9 +1,7 @@
 """Greedy and beam search over the decoder's incremental contract; torch only, no files, no vocabulary.
 
-The model is used through five calls (nmt.model): `encode(src) -> (memory, src_keep)`,
-`init_state(memory, src_keep, max_len, beam)` (`beam` rows per sentence, sentence-major),
-`step(tokens, state) -> (logits, state)`, `reorder_beams(state, rows)` (rows within their sentences) and
-`select_rows(state, rows)` (whole sentences). Both searches are one batched loop over target
+The model is used through the `Decoder` contract below and nothing else: a Transformer (nmt.model) or an
+ensemble of them (nmt.translate.ensemble) alike. Both searches are one batched loop over target
 positions with numbered steps; the parts of a beam step are the small pure functions above them.
 
 Conventions. A hypothesis's score is the sum of its token log-probabilities, EOS included, divided by the
@@ -41,6 +39,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -51,6 +50,48 @@ from nmt.tokens import BOS, EOS, PAD
 # Finished sentences stay in the batch, frozen, until they are 1/COMPACT_EVERY of it: dropping them copies the
 # whole decoder state, which costs more than a few wasted rows per step.
 COMPACT_EVERY = 4
+
+
+class Memory(Protocol):
+    """The encoder's output as search sees it: only its dtype, which the scores are computed in."""
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+
+class Decoder(Protocol):
+    """All that search may ask of a model: its sizes, and the incremental decoding calls. The state is
+    the model's own, explicit, and opaque here."""
+
+    @property
+    def vocab_size(self) -> int:
+        """V: the width of step's logits."""
+        ...
+
+    @property
+    def max_positions(self) -> int:
+        """Decoder positions: BOS and the tokens of a translation never exceed them."""
+        ...
+
+    def encode(self, src: Tensor) -> tuple[Memory, Any]:
+        """(B, S) source ids, each row ending in EOS, right-padded -> (memory, src_keep)."""
+        ...
+
+    def init_state(self, memory: Memory, src_keep: Any, max_len: int, beam: int = 1) -> Any:
+        """A state of `beam` rows per sentence, sentence-major, for up to `max_len` steps."""
+        ...
+
+    def step(self, tokens: Tensor, state: Any) -> tuple[Tensor, Any]:
+        """(N,) last tokens -> (N, V) logits of the next position, and the state one position on."""
+        ...
+
+    def reorder_beams(self, state: Any, rows: Tensor) -> Any:
+        """Row i takes the history of row rows[i], a row of the same sentence: (N,) -> state."""
+        ...
+
+    def select_rows(self, state: Any, rows: Tensor) -> Any:
+        """Keep only `rows` (whole sentences, each one's beam rows together; any order within one)."""
+        ...
 
 
 @dataclass
@@ -67,19 +108,26 @@ def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
     return ((5 + length) / 6) ** alpha
 
 
+def output_limits(
+    src_len: Tensor, a: float, b: int, max_positions: int, prefix_len: Tensor | None = None
+) -> Tensor:
+    """Tokens allowed before the EOS: floor(a * |x| + b), |x| the source length without EOS: (B,) -> (B,).
+
+    At least the length of a forced prefix; capped at max_positions - 1 so that BOS + tokens, the
+    decoder's inputs, fit its positions.
+    """
+    limit = (a * src_len + b).floor().long()
+    if prefix_len is not None:
+        limit = torch.maximum(limit, prefix_len)
+    return limit.clamp(0, max_positions - 1)
+
+
 def max_output_lengths(
     src: Tensor, a: float, b: int, max_positions: int, prefix: Tensor | None = None
 ) -> Tensor:
-    """Tokens allowed before the EOS: floor(a * |x| + b), |x| = source length without EOS: (B, S) -> (B,).
-
-    At least the length of a forced prefix (B, P); capped at max_positions - 1 so that BOS + tokens, the
-    decoder's inputs, fit its positions.
-    """
-    src_len = (src != PAD).sum(1) - 1  # (B,)
-    limit = (a * src_len + b).floor().long()
-    if prefix is not None:
-        limit = torch.maximum(limit, (prefix != PAD).sum(1))
-    return limit.clamp(0, max_positions - 1)
+    """`output_limits` of a batch: (B, S) right-padded ids ending in EOS, (B, P) prefixes or None -> (B,)."""
+    prefix_len = (prefix != PAD).sum(1) if prefix is not None else None
+    return output_limits((src != PAD).sum(1) - 1, a, b, max_positions, prefix_len)
 
 
 def score_dtype(memory: Tensor) -> torch.dtype:
@@ -258,7 +306,7 @@ def hypotheses(scores: Tensor, tokens: Tensor, n: int) -> list[list[Hypothesis]]
 
 @torch.no_grad()
 def greedy_search(
-    model,
+    model: Decoder,
     src: Tensor,
     max_len_a: float,
     max_len_b: int,
@@ -274,7 +322,7 @@ def greedy_search(
     src: (B, S) right-padded ids, each row ending in EOS; prefix: (B, P) forced first tokens or None.
     """
     b = src.shape[0]
-    max_lens = max_output_lengths(src, max_len_a, max_len_b, model.cfg.max_positions, prefix)  # (B,)
+    max_lens = max_output_lengths(src, max_len_a, max_len_b, model.max_positions, prefix)  # (B,)
     steps = int(max_lens.max()) + 1  # decoder positions: BOS + up to max_len tokens
     memory, src_keep = model.encode(src)
     state = model.init_state(memory, src_keep, steps)
@@ -319,7 +367,7 @@ def greedy_search(
 
 @torch.no_grad()
 def beam_search(
-    model,
+    model: Decoder,
     src: Tensor,
     beam: int,
     lenpen: float,
@@ -338,7 +386,7 @@ def beam_search(
     if not 1 <= nbest <= beam:
         raise ValueError(f"nbest {nbest} must be between 1 and the beam size {beam}")
     b, k, dev = src.shape[0], beam, src.device
-    max_lens = max_output_lengths(src, max_len_a, max_len_b, model.cfg.max_positions, prefix)  # (B,)
+    max_lens = max_output_lengths(src, max_len_a, max_len_b, model.max_positions, prefix)  # (B,)
     prefix = prefix.repeat_interleave(k, dim=0) if prefix is not None else None  # (B*K, P)
     steps = int(max_lens.max()) + 1  # decoder positions: BOS + up to max_len tokens
     memory, src_keep = model.encode(src)

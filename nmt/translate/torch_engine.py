@@ -33,31 +33,36 @@ def padded_prefixes(prefixes: list[list[int]] | None, device: torch.device) -> T
 
 
 class TorchEngine:
-    """A model (or an nmt.translate.ensemble.Ensemble) searched with nmt.translate.search on one device."""
+    """A model (or an nmt.translate.ensemble.Ensemble): an nn.Module with search's decoder contract
+    (nmt.translate.search.Decoder), searched on one device."""
 
     name = "torch"
 
     def __init__(self, model, decode: DecodeConfig, device: torch.device):
         self.model, self.decode, self.device = model, decode, torch.device(device)
-        self.max_positions = model.cfg.max_positions
+        self.max_positions = model.max_positions
         self.generator = None
         if decode.sampling:  # one stream for the whole run: the same seed gives the same output
             self.generator = torch.Generator(self.device).manual_seed(decode.seed)
 
-    def search(self, ids: list[list[int]], prefixes: list[list[int]] | None = None) -> list[list[Hypothesis]]:
-        """The n best of each source, best first; eval mode during the search, then restored."""
+    def search(
+        self, ids: list[list[int]], prefixes: list[list[int]] | None = None, nbest: int | None = None
+    ) -> list[list[Hypothesis]]:
+        """The `nbest` (by default decode.nbest) best of each source, best first; eval mode during the
+        search, then restored."""
         d, model = self.decode, self.model
+        n = d.nbest if nbest is None else nbest
         was_training = model.training
         model.eval()
         try:
             with torch.inference_mode():
                 src, prefix = padded_sources(ids, self.device), padded_prefixes(prefixes, self.device)
                 if d.sampling:
-                    return self.sample(src, prefix)
+                    return self.sample(src, prefix, n)
                 if d.beam == 1:
                     return [[h] for h in self.greedy(src, prefix)]
                 return beam_search(
-                    model, src, d.beam, d.lenpen, d.max_len_a, d.max_len_b, d.nbest,
+                    model, src, d.beam, d.lenpen, d.max_len_a, d.max_len_b, n,
                     min_len=d.min_len, no_repeat_ngram=d.no_repeat_ngram_size, prefix=prefix,
                 )  # fmt: skip
         finally:
@@ -70,9 +75,9 @@ class TorchEngine:
             min_len=d.min_len, no_repeat_ngram=d.no_repeat_ngram_size, prefix=prefix, sampler=sampler,
         )  # fmt: skip
 
-    def sample(self, src: Tensor, prefix: Tensor | None) -> list[list[Hypothesis]]:
-        """`nbest` drawn translations of each source, best score first."""
-        d, n = self.decode, self.decode.nbest
+    def sample(self, src: Tensor, prefix: Tensor | None, n: int) -> list[list[Hypothesis]]:
+        """`n` drawn translations of each source, best score first."""
+        d = self.decode
         sampler = Sampler(d.sampling_topk, d.sampling_topp, d.temperature, self.generator)
         rows = src.repeat_interleave(n, dim=0)  # (B*n, S): sentence i's samples are rows i*n .. i*n+n-1
         prefix = prefix.repeat_interleave(n, dim=0) if prefix is not None else None
