@@ -660,7 +660,7 @@ def stage_demo(args: argparse.Namespace, work: Path) -> dict:
     from nmt.pipeline import average_last, training_summary, translate_test_set
     from nmt.score import corpus_scores, read_lines
     from nmt.train import train
-    from nmt.translate import load_translator
+    from nmt.translate import build_translator
 
     data = demo_data(args.data) if args.data else None
     if data is None and not args.mirror:
@@ -714,7 +714,7 @@ def stage_demo(args: argparse.Namespace, work: Path) -> dict:
     figures["train_s"] = round(time.monotonic() - start, 1)
     figures["training"] = training_summary(work)
     model = average_last(cfg, work / "checkpoints", console)
-    translator, _ = load_translator(model, DecodeOverrides(), device, "auto", "torch", console)
+    translator = build_translator(model, DecodeOverrides(), device, "auto", "torch", console).translator
     figures["tests"] = {}
     for corpus in cfg.data.test:
         speed = translate_test_set(cfg, work, corpus.name, translator, model, console)

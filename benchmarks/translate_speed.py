@@ -73,7 +73,7 @@ def worker() -> None:
 
         from nmt.checkpoint import load_model
         from nmt.translate import Translator
-        from nmt.translate.frontend import inference_model
+        from nmt.translate.builder import inference_model
 
         torch.set_num_threads(job["threads"])
         rss_imports = max_rss()

@@ -21,6 +21,7 @@ import re
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -169,7 +170,15 @@ def init_weights(model, path: str | Path, subword: Subword) -> None:
     model.load_state_dict(ckpt.model_state)
 
 
-def load_model(path: Path, device: str | torch.device = "cpu"):
+class LoadedModel(NamedTuple):
+    """A model ready to translate, with what it needs: its subwords and its config."""
+
+    model: torch.nn.Module  # nmt.model.Transformer
+    subword: Subword
+    config: Config
+
+
+def load_model(path: Path, device: str | torch.device = "cpu") -> LoadedModel:
     """A checkpoint as a ready model: (Transformer in eval mode, Subword, Config)."""
     from nmt.model import Transformer
 
@@ -180,7 +189,7 @@ def load_model(path: Path, device: str | torch.device = "cpu"):
     except RuntimeError as e:
         why = " ".join(str(e).split())[:160]  # torch's message spans lines: the error is one
         raise CheckpointError(f"{path}: weights do not fit the model it describes ({why})") from None
-    return model.to(device).eval(), Subword(ckpt.subword_proto), ckpt.config
+    return LoadedModel(model.to(device).eval(), Subword(ckpt.subword_proto), ckpt.config)
 
 
 def step_checkpoints(directory: Path) -> list[Path]:

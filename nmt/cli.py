@@ -3,12 +3,15 @@
 Each command parses its options, loads the config, calls ONE library function and renders the result.
 Human-facing output (progress, tables, warnings) goes to stderr through Rich; results (translations,
 scores with --json) go to stdout so they can be piped. Library errors (nmt.errors.NmtError) become one
-red line and exit status 2 here, at the single boundary in `Commands.invoke`.
+red line and exit status 2 here, at the single boundary in `Commands.invoke`. Options that several
+commands take are declared once, below the app. Every command's help ends with examples in one format:
+command lines a user can run as written, flush with the text.
 """
 
 from __future__ import annotations
 
 import errno
+import re
 import signal
 import sys
 from pathlib import Path
@@ -17,9 +20,11 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.markup import escape
-from typer.core import TyperGroup
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
+from nmt.config import Engine, Precision
 from nmt.errors import Interrupted, NmtError
+from nmt.formats import FORMATS
 from nmt.output import write_failed
 
 OUTPUT_ERRNOS = (errno.EPIPE, errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EBADF)
@@ -29,7 +34,43 @@ OUTPUT_ERRNOS = (errno.EPIPE, errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO
 err = Console(stderr=True, soft_wrap=True)
 
 
-class Commands(TyperGroup):
+LIST_TYPE = re.compile(r"<list\[(\w+)\]>")
+
+
+class ArgumentHelp(TyperArgument):
+    """An argument whose help shows the type of one value (`<path>`; the usage line's `...` says when
+    there may be several), not typer's Python type (`<list[Path]>`), and no type for text (`<str>`):
+    its name (RECIPE) says what it is."""
+
+    def display_type_rich(self, ctx) -> str | None:
+        label = super().display_type_rich(ctx)
+        found = LIST_TYPE.fullmatch(label or "")
+        return f"<{found[1].lower()}>" if found else None if label == "<str>" else label
+
+
+class HelpShowsValues:
+    """Help that shows what a user types: nothing beside a flag (typer's Rich help would print <bool>),
+    and for a repeatable option or argument the type of one value, not <list[Path]> (ArgumentHelp)."""
+
+    def get_params(self, ctx):
+        params = super().get_params(ctx)
+        for param in params:
+            if type(param) is TyperArgument:
+                param.__class__ = ArgumentHelp  # a subclass that only changes what help shows
+            elif not isinstance(param, TyperOption) or param.metavar is not None:
+                continue
+            elif getattr(param, "is_flag", False):
+                param.metavar = ""
+            elif found := LIST_TYPE.fullmatch(param.display_type(ctx)):
+                param.metavar = f"<{found[1].lower()}>"
+        return params
+
+
+class Command(HelpShowsValues, TyperCommand):
+    """Every command of nmt."""
+
+
+class Commands(HelpShowsValues, TyperGroup):
     """The one boundary where library errors become a red line on stderr and exit status 2."""
 
     def invoke(self, ctx):
@@ -73,32 +114,80 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
+
+def print_version(value: bool) -> None:
+    if value:
+        from nmt import __version__
+
+        typer.echo(f"nmt {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def global_options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", help="Print the version of nmt and exit.", is_eager=True, callback=print_version
+        ),
+    ] = False,
+) -> None:
+    """Neural machine translation with the Transformer of 'Attention Is All You Need'."""
+
+
+# ---- options that several commands take ---------------------------------------------------------------
+
 RecipeArg = Annotated[
     str,
-    typer.Argument(help="Recipe YAML file, or the name of a shipped recipe such as [bold]multi30k-en-de[/]."),
+    typer.Argument(
+        metavar="RECIPE",
+        help="Recipe YAML file, or the name of a shipped recipe such as [bold]multi30k-en-de[/].",
+    ),
 ]
 WorkdirOpt = Annotated[
     Path | None, typer.Option("--workdir", "-w", help="Work directory. Default: runs/<recipe file stem>/.")
 ]
 SetOpt = Annotated[
     list[str] | None,
-    typer.Option("--set", "-s", metavar="KEY=VALUE", help="Override a recipe key, e.g. train.max_steps=200."),
+    typer.Option(
+        "--set", "-s", metavar="<key=value>", help="Override a recipe key, e.g. train.max_steps=200."
+    ),
 ]
 MirrorOpt = Annotated[
     str | None,
     typer.Option(
         "--mirror",
         envvar="NMT_DATA_MIRROR",
+        metavar="<folder|url>",
         help="Folder or base URL that replaces upstream download locations (file names kept).",
     ),
 ]
-
-
 InitFromOpt = Annotated[
     Path | None,
     typer.Option(
         "--init-from",
         help="Fine-tune: start from this checkpoint's weights and subwords (sets data.init_from).",
+    ),
+]
+BeamOpt = Annotated[int | None, typer.Option(help="Beam size; 1 is greedy. Default: the recipe's.")]
+LenpenOpt = Annotated[float | None, typer.Option(help="Length penalty alpha, ((5+|Y|)/6)^alpha.")]
+DeviceOpt = Annotated[
+    str, typer.Option(metavar="<device>", help="auto (CUDA if available), cpu, cuda or cuda:N.")
+]
+DtypeOpt = Annotated[
+    Precision,
+    typer.Option(
+        case_sensitive=False,
+        help="auto (bf16 on a CUDA GPU that has it, else fp32), fp32, bf16, fp16, or int8 (CPU: 8-bit "
+        "weights, faster; translations may differ a little from fp32's). With --engine ctranslate2: its "
+        "compute type of that name, where CTranslate2 has it on the device.",
+    ),
+]
+EngineOpt = Annotated[
+    Engine,
+    typer.Option(
+        case_sensitive=False,
+        help="torch, or ctranslate2 with --model a folder from nmt export --format ctranslate2.",
     ),
 ]
 
@@ -117,7 +206,7 @@ def _workdir(recipe: str, workdir: Path | None) -> Path:
     return workdir if workdir is not None else Path("runs") / resolve_recipe(recipe).stem
 
 
-@app.command()
+@app.command(cls=Command)
 def preprocess(
     recipe: RecipeArg,
     workdir: WorkdirOpt = None,
@@ -129,9 +218,9 @@ def preprocess(
     """Fetch the corpora, clean them, train the joint SentencePiece model and binarize every split.
 
     [bold]Examples[/]
-      nmt preprocess recipes/multi30k-en-de.yaml
-      nmt preprocess recipes/multi30k-en-de.yaml --mirror ../shared/data/multi30k
-      nmt preprocess my-domain.yaml --init-from opus-mt-en-de.pt   # encode with the model's subwords
+    nmt preprocess multi30k-en-de
+    nmt preprocess multi30k-en-de --mirror ~/multi30k   # the Multi30k files, from a folder
+    nmt preprocess my-domain.yaml --init-from opus-mt-en-de.pt   # encode with the model's subwords
     """
     from nmt.checkpoint import checkpoint_config, checkpoint_subword
     from nmt.config import load_config
@@ -148,7 +237,7 @@ def preprocess(
     )
 
 
-@app.command()
+@app.command(cls=Command)
 def train(
     recipe: RecipeArg,
     workdir: WorkdirOpt = None,
@@ -163,11 +252,11 @@ def train(
     Launch with torchrun for several GPUs or nodes; the effective batch stays the recipe's.
 
     [bold]Examples[/]
-      nmt train recipes/multi30k-en-de.yaml
-      nmt train recipes/wmt14-en-de-base.yaml --dry-run
-      nmt train recipes/multi30k-en-de.yaml --set train.max_steps=200
-      torchrun --nproc-per-node 8 -m nmt train recipes/wmt14-en-de-base.yaml
-      nmt train my-domain.yaml --init-from opus-mt-en-de.pt         # fine-tune a pretrained model
+    nmt train multi30k-en-de
+    nmt train wmt14-en-de-base --dry-run
+    nmt train multi30k-en-de --set train.max_steps=200
+    torchrun --nproc-per-node 8 -m nmt train wmt14-en-de-base
+    nmt train my-domain.yaml --init-from opus-mt-en-de.pt   # fine-tune a pretrained model
     """
     from nmt.checkpoint import checkpoint_config
     from nmt.config import load_config
@@ -181,10 +270,13 @@ def train(
     run_train(cfg, _workdir(recipe, workdir), console=err)
 
 
-@app.command()
+@app.command(cls=Command)
 def average(
     checkpoints: Annotated[
-        list[Path] | None, typer.Argument(help="Checkpoint files to average (or use --last with a folder).")
+        list[Path] | None,
+        typer.Argument(
+            metavar="CHECKPOINT", help="Checkpoint files to average (or use --last with a folder)."
+        ),
     ] = None,
     output: Annotated[Path, typer.Option("--output", "-o", help="The averaged checkpoint to write.")] = Path(
         "average.pt"
@@ -199,8 +291,8 @@ def average(
     """Average the weights of several checkpoints into one (paper: last 5 for base, 20 for big).
 
     [bold]Examples[/]
-      nmt average runs/multi30k-en-de/checkpoints/step-*.pt -o avg.pt
-      nmt average --last 5 --dir runs/multi30k-en-de/checkpoints -o avg.pt
+    nmt average runs/multi30k-en-de/checkpoints/step-*.pt -o avg.pt
+    nmt average --last 5 --dir runs/multi30k-en-de/checkpoints -o avg.pt
     """
     from nmt.checkpoint import average_checkpoints, last_checkpoints
 
@@ -214,65 +306,76 @@ def average(
     err.print(f"averaged {len(checkpoints)} checkpoints into {output}")
 
 
-@app.command()
+@app.command(cls=Command)
 def export(
     model: Annotated[Path, typer.Option("--model", "-m", help="Checkpoint from nmt train or nmt average.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Model folder to write.")],
     fmt: Annotated[
         str,
-        typer.Option("--format", help="ctranslate2, or huggingface (a MarianMT folder for transformers)."),
+        typer.Option(
+            "--format",
+            metavar=f"<{'|'.join(FORMATS)}>",
+            help="ctranslate2, or huggingface (a MarianMT folder for transformers).",
+        ),
     ] = "ctranslate2",
     force: Annotated[bool, typer.Option("--force", help="Replace an earlier export in --output.")] = False,
 ) -> None:
     """Convert a checkpoint for another inference engine (CTranslate2: pip install 'nmt\\[ctranslate2]').
 
     [bold]Examples[/]
-      nmt export -m runs/multi30k-en-de/checkpoints/average.pt --format ctranslate2 -o ct2-en-de
-      nmt translate --engine ctranslate2 -m ct2-en-de -i in.en > out.de
-      nmt export -m average.pt --format huggingface -o hf-en-de   # MarianMTModel.from_pretrained("hf-en-de")
+    nmt export -m runs/multi30k-en-de/checkpoints/average.pt --format ctranslate2 -o ct2-en-de
+    nmt translate --engine ctranslate2 -m ct2-en-de -i in.en > out.de
+    nmt export -m average.pt --format huggingface -o hf-en-de   # MarianMTModel.from_pretrained("hf-en-de")
     """
     from nmt.formats.export import export as run_export
 
     err.print(f"exported {model} to {run_export(model, output, fmt, force=force)}")
 
 
-@app.command(name="import")
+@app.command(name="import", cls=Command)
 def import_model(
-    folder: Annotated[Path, typer.Argument(help="A MarianMT model folder (config.json, vocab.json, ...).")],
+    folder: Annotated[
+        Path, typer.Argument(metavar="FOLDER", help="A MarianMT model folder (config.json, vocab.json, ...).")
+    ],
     output: Annotated[Path, typer.Option("--output", "-o", help="The nmt checkpoint to write.")],
     src_lang: Annotated[
-        str | None, typer.Option(help="Source language, when tokenizer_config.json does not name it.")
+        str | None,
+        typer.Option(metavar="<code>", help="Source language, when tokenizer_config.json does not name it."),
     ] = None,
     tgt_lang: Annotated[
-        str | None, typer.Option(help="Target language, when tokenizer_config.json does not name it.")
+        str | None,
+        typer.Option(metavar="<code>", help="Target language, when tokenizer_config.json does not name it."),
     ] = None,
 ) -> None:
     """Import a Hugging Face MarianMT (OPUS-MT) model folder as an nmt checkpoint; needs no transformers.
 
     [bold]Examples[/]
-      huggingface-cli download Helsinki-NLP/opus-mt-en-de --local-dir opus-mt-en-de
-      nmt import opus-mt-en-de -o opus-mt-en-de.pt
-      echo "A man rides a bike." | nmt translate -m opus-mt-en-de.pt
+    huggingface-cli download Helsinki-NLP/opus-mt-en-de --local-dir opus-mt-en-de
+    nmt import opus-mt-en-de -o opus-mt-en-de.pt
+    echo "A man rides a bike." | nmt translate -m opus-mt-en-de.pt
     """
     from nmt.formats.huggingface import import_marian
 
     err.print(f"imported {folder} as {import_marian(folder, output, src_lang, tgt_lang)}")
 
 
-@app.command()
+@app.command(cls=Command)
 def translate(
     model: Annotated[
         list[Path],
         typer.Option(
-            "--model", "-m", help="Checkpoint from nmt train or nmt average; repeat it to decode an ensemble."
+            "--model",
+            "-m",
+            help="Checkpoint from nmt train or nmt average; repeat it to decode an ensemble. With --engine "
+            "ctranslate2 a folder from nmt export.",
         ),
     ],
     input: Annotated[Path | None, typer.Option("--input", "-i", help="Input file; default stdin.")] = None,
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Output file; default stdout.")
     ] = None,
-    beam: Annotated[int | None, typer.Option(help="Beam size; 1 is greedy. Default: the recipe's.")] = None,
-    lenpen: Annotated[float | None, typer.Option(help="Length penalty alpha, ((5+|Y|)/6)^alpha.")] = None,
+    beam: BeamOpt = None,
+    lenpen: LenpenOpt = None,
     max_len_a: Annotated[float | None, typer.Option(help="Output limit a*source_length+b: a.")] = None,
     max_len_b: Annotated[int | None, typer.Option(help="Output limit a*source_length+b: b.")] = None,
     min_len: Annotated[
@@ -319,21 +422,13 @@ def translate(
     seed: Annotated[
         int | None, typer.Option(help="Random seed for sampling: the same seed, the same output.")
     ] = None,
-    device: Annotated[str, typer.Option(help="auto (CUDA if available), cpu, cuda or cuda:N.")] = "auto",
-    dtype: Annotated[
-        str,
-        typer.Option(
-            help="auto (bf16 on a CUDA GPU that has it, else fp32), fp32, bf16, fp16, or int8 (CPU: "
-            "8-bit weights, faster; translations may differ a little from fp32's)."
-        ),
-    ] = "auto",
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = Precision.AUTO,
     interactive: Annotated[
         bool,
         typer.Option("--interactive", help="Answer each line as soon as it is read (default on a terminal)."),
     ] = False,
-    engine: Annotated[
-        str, typer.Option(help="torch, or ctranslate2 with --model a converted model folder.")
-    ] = "torch",
+    engine: EngineOpt = Engine.TORCH,
 ) -> None:
     """Translate lines: exactly one output line for every input line, in order.
 
@@ -341,12 +436,13 @@ def translate(
     is replaced and lines too long for the model are truncated, each with a warning on stderr.
 
     [bold]Examples[/]
-      cat in.en | nmt translate -m runs/multi30k-en-de/checkpoints/average.pt > out.de
-      nmt translate -m model.pt -i in.en -o out.de --beam 4 --lenpen 0.6
-      nmt translate -m model.pt -i in.en --nbest 4 --beam 8
-      nmt translate -m a.pt -m b.pt -i in.en                  # ensemble of two models
-      nmt translate -m model.pt -i mono.de --sampling --sampling-topk 10 --seed 1   # back-translation
-      nmt translate -m model.pt -i in.en --prefix starts.de --no-repeat-ngram-size 3
+    cat in.en | nmt translate -m runs/multi30k-en-de/checkpoints/average.pt > out.de
+    nmt translate -m model.pt -i in.en -o out.de --beam 4 --lenpen 0.6
+    nmt translate -m model.pt -i in.en --nbest 4 --beam 8
+    nmt translate -m a.pt -m b.pt -i in.en   # ensemble of two models
+    nmt translate -m model.pt -i mono.de --sampling --sampling-topk 10 --seed 1   # back-translation
+    nmt translate -m model.pt -i in.en --prefix starts.de --no-repeat-ngram-size 3
+    nmt translate --engine ctranslate2 -m ct2-en-de -i in.en --dtype int8
     """
     from nmt.config import DecodeOverrides
     from nmt.translate import translate_stream
@@ -382,11 +478,18 @@ def translate(
     )
 
 
-@app.command()
+@app.command(cls=Command)
 def serve(
-    model: Annotated[Path, typer.Option("--model", "-m", help="Checkpoint from nmt train or nmt average.")],
+    model: Annotated[
+        Path,
+        typer.Option(
+            "--model",
+            "-m",
+            help="Checkpoint from nmt train or nmt average (--engine ctranslate2: a folder from nmt export).",
+        ),
+    ],
     host: Annotated[
-        str, typer.Option(help="Address to listen on; 0.0.0.0 for every interface.")
+        str, typer.Option(metavar="<address>", help="Address to listen on; 0.0.0.0 for every interface.")
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on; 0 picks a free one (printed).")] = 5000,
     max_batch_tokens: Annotated[
@@ -410,16 +513,11 @@ def serve(
     shutdown_timeout: Annotated[
         float, typer.Option(help="After SIGTERM/SIGINT, seconds to answer what is in flight before exiting.")
     ] = 30.0,
-    beam: Annotated[int | None, typer.Option(help="Beam size; 1 is greedy. Default: the recipe's.")] = None,
-    lenpen: Annotated[float | None, typer.Option(help="Length penalty alpha, ((5+|Y|)/6)^alpha.")] = None,
-    device: Annotated[str, typer.Option(help="auto (CUDA if available), cpu, cuda or cuda:N.")] = "auto",
-    dtype: Annotated[
-        str,
-        typer.Option(
-            help="auto (bf16 on a CUDA GPU that has it, else fp32), fp32, bf16, fp16, or int8 (CPU: "
-            "8-bit weights, faster; translations may differ a little from fp32's)."
-        ),
-    ] = "auto",
+    beam: BeamOpt = None,
+    lenpen: LenpenOpt = None,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = Precision.AUTO,
+    engine: EngineOpt = Engine.TORCH,
 ) -> None:
     """Serve a model over HTTP: LibreTranslate's /translate, /detect and /languages, OpenNMT-py's route,
     a page to try the model at /, and Prometheus metrics at /metrics.
@@ -428,9 +526,10 @@ def serve(
     requests in flight, then exits. Needs the serve extra: pip install 'nmt\\[serve]'.
 
     [bold]Examples[/]
-      nmt serve -m runs/multi30k-en-de/checkpoints/average.pt
-      curl -s localhost:5000/translate -H 'Content-Type: application/json' \\
-        -d '{"q": "A dog runs.", "source": "en", "target": "de"}'
+    nmt serve -m runs/multi30k-en-de/checkpoints/average.pt
+    nmt serve --engine ctranslate2 -m ct2-en-de --dtype int8
+    curl -s localhost:5000/translate -H 'Content-Type: application/json' \\
+      -d '{"q": "A dog runs.", "source": "en", "target": "de"}'
     """
     from nmt.config import DecodeOverrides
     from nmt.serve import ServeSettings
@@ -439,41 +538,49 @@ def serve(
     if not 0 <= port <= 65535:
         raise NmtError(f"--port {port}: must be between 0 and 65535")
     settings = ServeSettings(
-        max_batch_tokens=max_batch_tokens, batch_wait_ms=batch_wait_ms, max_chars=max_chars,
-        max_queue=max_queue, timeout=timeout, read_timeout=read_timeout, keep_alive=keep_alive,
-        max_connections=max_connections, shutdown_timeout=shutdown_timeout,
+        batch_wait_ms=batch_wait_ms, max_chars=max_chars, max_queue=max_queue, timeout=timeout,
+        read_timeout=read_timeout, keep_alive=keep_alive, max_connections=max_connections,
+        shutdown_timeout=shutdown_timeout,
     )  # fmt: skip
-    overrides = DecodeOverrides.given(beam=beam, lenpen=lenpen)
-    run_serve(model, host, port, settings, overrides, device, dtype, err)
+    # The batch budget is a decode setting, under the server's name for it
+    overrides = DecodeOverrides.given(
+        {"batch_tokens": "--max-batch-tokens"}, beam=beam, lenpen=lenpen, batch_tokens=max_batch_tokens
+    )
+    run_serve(model, host, port, settings, overrides, device, dtype, err, engine)
 
 
-@app.command()
+@app.command(cls=Command)
 def score(
     refs: Annotated[list[Path], typer.Option("--ref", "-r", help="Reference file; repeat for several.")],
     hyps: Annotated[
         list[Path] | None,
         typer.Option("--input", "-i", help="Hypothesis file (default stdin); several: paired bootstrap."),
     ] = None,
-    metrics: Annotated[str, typer.Option(help="Comma-separated: bleu, chrf, ter.")] = "bleu",
+    metrics: Annotated[
+        str, typer.Option(metavar="<names>", help="Comma-separated: bleu, chrf, ter.")
+    ] = "bleu",
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
     width: Annotated[int, typer.Option("--width", "-w", min=0, help="Decimals shown, as sacrebleu -w.")] = 1,
 ) -> None:
     """Score translations with sacreBLEU (BLEU by default; chrF and TER on request).
 
     [bold]Examples[/]
-      nmt score -r ref.de -i out.de
-      cat out.de | nmt score -r ref.de
-      nmt score -r ref.de -i out.de --metrics bleu,chrf,ter --json
-      nmt score -r ref.de -i baseline.de -i new.de     # paired bootstrap, first is the baseline
+    nmt score -r ref.de -i out.de
+    cat out.de | nmt score -r ref.de
+    nmt score -r ref.de -i out.de --metrics bleu,chrf,ter --json
+    nmt score -r ref.de -i baseline.de -i new.de   # paired bootstrap, first is the baseline
     """
     from nmt.score import score_files
 
     score_files(refs, hyps or [], metrics=metrics, json_out=json_out, console=err, width=width)
 
 
-@app.command()
+@app.command(cls=Command)
 def plot(
-    workdir: Annotated[Path, typer.Argument(help="Work directory of a training run (holds metrics.jsonl).")],
+    workdir: Annotated[
+        Path,
+        typer.Argument(metavar="WORKDIR", help="Work directory of a training run (holds metrics.jsonl)."),
+    ],
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="PNG to write. Default: WORKDIR/curves.png.")
     ] = None,
@@ -483,8 +590,8 @@ def plot(
     Needs matplotlib: pip install 'nmt\\[plot]'.
 
     [bold]Examples[/]
-      nmt plot runs/multi30k-en-de
-      nmt plot runs/multi30k-en-de -o curves.png
+    nmt plot runs/multi30k-en-de
+    nmt plot runs/multi30k-en-de -o curves.png
     """
     from nmt.plot import plot as run_plot
 
@@ -492,7 +599,7 @@ def plot(
     err.print(f"wrote {path}")
 
 
-@app.command()
+@app.command(cls=Command)
 def run(
     recipe: RecipeArg,
     workdir: WorkdirOpt = None,
@@ -505,9 +612,9 @@ def run(
     A step already done is skipped, so running it again after a crash continues where it stopped.
 
     [bold]Examples[/]
-      nmt run recipes/multi30k-en-de.yaml --mirror ../shared/data/multi30k
-      nmt run recipes/wmt14-en-de-base.yaml
-      nmt run my-domain.yaml --init-from opus-mt-en-de.pt           # fine-tune, then evaluate
+    nmt run multi30k-en-de --mirror ~/multi30k   # the Multi30k files, from a folder
+    nmt run wmt14-en-de-base
+    nmt run my-domain.yaml --init-from opus-mt-en-de.pt   # fine-tune, then evaluate
     """
     from nmt.checkpoint import checkpoint_config
     from nmt.config import load_config

@@ -15,6 +15,7 @@ import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any, Literal, Union
 
@@ -140,6 +141,42 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+
+class Choice(str, Enum):
+    """A closed set of names a user writes for an option; `parse` is the one place a name is read."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def parse(cls, value: str | Choice, option: str):
+        """`value` as one of the choices (any case, spaces around ignored); an error names the option and
+        lists every choice."""
+        if isinstance(value, cls):
+            return value
+        try:
+            return cls(str(value).strip().lower())
+        except ValueError:
+            choices = ", ".join(c.value for c in cls)
+            raise ConfigError(f"{option} {value}: expected one of {choices}") from None
+
+
+class Precision(Choice):
+    """`--dtype`: the numbers a model computes in (nmt.device: torch's dtypes; int8: nmt.translate.int8)."""
+
+    AUTO = "auto"
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+    INT8 = "int8"
+
+
+class Engine(Choice):
+    """`--engine`: what runs a model, nmt's PyTorch search or CTranslate2 on an exported folder."""
+
+    TORCH = "torch"
+    CTRANSLATE2 = "ctranslate2"
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import torch
 
+from nmt.config import Precision
 from nmt.errors import NmtError
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# The precisions that are a torch dtype (int8 is a kind of kernel: nmt.translate.int8). Keyed by
+# Precision, a str enum, so DTYPES["bf16"] works too.
+DTYPES = {Precision.FP32: torch.float32, Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
@@ -26,7 +29,7 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     return torch.device(f"cuda:{number}")
 
 
-def resolve_dtype(name: str, device: torch.device, cpu_bf16: bool = True) -> torch.dtype:
+def resolve_dtype(name: Precision | str, device: torch.device, cpu_bf16: bool = True) -> torch.dtype:
     """auto is bf16 where the hardware multiplies bf16 natively, else fp32.
 
     On a GPU that is any bf16-capable CUDA device; on a CPU it takes AVX512-BF16 or AMX (oneDNN's check):
@@ -34,19 +37,19 @@ def resolve_dtype(name: str, device: torch.device, cpu_bf16: bool = True) -> tor
     and hundreds of times slower. `cpu_bf16=False` keeps the CPU at fp32 (translation: see
     inference_dtype).
     """
-    name = name.strip().lower()
-    if name == "auto":
+    precision = Precision.parse(name, "precision")
+    if precision is Precision.AUTO:
         if device.type == "cuda":
             bf16 = torch.cuda.is_bf16_supported()
         else:
             bf16 = cpu_bf16 and device.type == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported()
         return torch.bfloat16 if bf16 else torch.float32
-    if name not in DTYPES:
-        raise NmtError(f"precision {name!r}: expected auto, fp32, bf16 or fp16")
-    return DTYPES[name]
+    if precision not in DTYPES:
+        raise NmtError(f"precision {precision}: not a torch dtype (int8 is for translating on the CPU)")
+    return DTYPES[precision]
 
 
-def inference_dtype(name: str, device: torch.device) -> torch.dtype:
+def inference_dtype(name: Precision | str, device: torch.device) -> torch.dtype:
     """Weights' dtype for translation: auto is bf16 on a CUDA GPU that has it, fp32 elsewhere.
 
     On a CPU, bf16 weights change translations against the fp32 model that validation and the reported

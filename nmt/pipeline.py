@@ -19,12 +19,12 @@ from rich.table import Table
 
 from nmt.atomic import write_text
 from nmt.checkpoint import average_checkpoints, checkpoint_subword, last_checkpoints
-from nmt.config import Config, DecodeOverrides
+from nmt.config import Config
 from nmt.data.preprocess import preprocess
 from nmt.device import resolve_device
 from nmt.score import corpus_scores, read_lines
 from nmt.train import train
-from nmt.translate import LineTranslator, load_translator
+from nmt.translate import LineTranslator, build_translator
 
 
 def run_pipeline(
@@ -46,7 +46,7 @@ def run_pipeline(
     console.rule("[bold]4. translate")
     # The same loading and defaults as `nmt translate -m average.pt`, so both give the same lines.
     device = resolve_device(cfg.train.device)
-    translator, _ = load_translator(model_path, DecodeOverrides(), str(device), "auto", "torch", console)
+    translator = build_translator(model_path, device=device, console=console, command="nmt run").translator
     speeds = {}
     for corpus in cfg.data.test:
         speeds[corpus.name] = translate_test_set(cfg, workdir, corpus.name, translator, model_path, console)

@@ -362,7 +362,7 @@ def test_a_checkpoint_trained_on_the_device_translates_the_same_on_the_cpu(devic
     checkpoint translated in fp32 on the device and on the CPU: the same lines."""
     from nmt.config import DecodeOverrides
     from nmt.train import train
-    from nmt.translate import load_translator
+    from nmt.translate import build_translator
 
     workdir = fresh_workdir(tmp_path, reversal)
     steps = 300 if device == "cuda" else 120  # seconds either way; a surer model has fewer near-ties
@@ -374,8 +374,8 @@ def test_a_checkpoint_trained_on_the_device_translates_the_same_on_the_cpu(devic
         torch.set_num_threads(threads)  # train() set the process's threads to the recipe's
     lines = (reversal / "valid.xx").read_text().splitlines()[:40]
     quiet = Console(quiet=True)
-    on_cpu, _ = load_translator(best, DecodeOverrides(), "cpu", "fp32", "torch", quiet)
-    on_device, _ = load_translator(best, DecodeOverrides(), device, "fp32", "torch", quiet)
+    on_cpu = build_translator(best, DecodeOverrides(), "cpu", "fp32", "torch", quiet).translator
+    on_device = build_translator(best, DecodeOverrides(), device, "fp32", "torch", quiet).translator
     got, want = on_device.translate(lines), on_cpu.translate(lines)
     assert got == want
     # a model that has learned something (ties, where devices could differ, are then rare): words in

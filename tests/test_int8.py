@@ -62,8 +62,8 @@ def test_the_output_bias_of_an_imported_marian_model_stays_in_the_int8_projectio
 
 
 def test_each_member_of_an_ensemble_is_quantized():
+    from nmt.translate.builder import inference_model
     from nmt.translate.ensemble import Ensemble
-    from nmt.translate.frontend import inference_model
 
     members = [Transformer(make_config().model, 64) for _ in range(2)]
     inference_model(Ensemble(members), "int8", torch.device("cpu"))
@@ -112,7 +112,7 @@ def test_nmt_serve_loads_int8(synthetic_run: Path):
 
 
 def test_int8_on_a_gpu_is_refused_in_one_line():
-    from nmt.translate.frontend import inference_model
+    from nmt.translate.builder import inference_model
 
     model = Transformer(make_config().model, 64)
     with pytest.raises(NmtError, match="--dtype int8 runs on the CPU"):

@@ -13,7 +13,7 @@ from torch import nn
 from nmt.checkpoint import load_model
 from nmt.model import Transformer
 from nmt.translate import Translator
-from nmt.translate.frontend import inference_model
+from nmt.translate.builder import inference_model
 from nmt.translate.prepacked import (
     PAD_BELOW,
     PAD_SHARE,

@@ -21,7 +21,7 @@ from nmt.cli import app
 from nmt.config import config_from_dict, config_to_dict, load_config
 from nmt.errors import CheckpointError, ConfigError, DataError
 from nmt.model import Transformer
-from nmt.translate.frontend import read_chunks
+from nmt.translate.stream import read_chunks
 
 from .synthetic import make_config, make_subword
 

@@ -367,11 +367,10 @@ class FakeTranslator:
 
     def __init__(self, beam: int = 1):
         self.decode = DecodeConfig(beam=beam, batch_tokens=8192)
-        self.engine = self  # the batcher swaps decode settings on the engine too
         self.max_source = 63
         self.batches: list[list[list[int]]] = []
 
-    def search_sources(self, count, sources, forced=None):
+    def search_sources(self, count, sources, forced=None, nbest=None):
         self.batches.append(list(sources.values()))
         if any(99 in ids for ids in sources.values()):
             raise RuntimeError("poisoned")
@@ -381,9 +380,13 @@ class FakeTranslator:
         return out
 
 
-def batcher(translator, **settings) -> Batcher:
+def batcher(translator, max_batch_tokens: int | None = None, **settings) -> Batcher:
+    import dataclasses
+
     from rich.console import Console
 
+    if max_batch_tokens is not None:  # the batch budget is the translator's decode.batch_tokens
+        translator.decode = dataclasses.replace(translator.decode, batch_tokens=max_batch_tokens)
     return Batcher(translator, ServeSettings(**settings), Metrics(), Console(quiet=True))
 
 

@@ -377,7 +377,7 @@ def test_translating_a_file_on_a_terminal_draws_a_bar_on_stderr(checkpoint, tmp_
     from rich.console import Console
 
     from nmt.config import DecodeOverrides
-    from nmt.translate.frontend import translate_stream
+    from nmt.translate.stream import translate_stream
 
     source, target = tmp_path / "small.en", tmp_path / "small.de"
     source.write_text("\n".join(sentences(30, 8)) + "\n")

@@ -7,13 +7,15 @@ Routes: `POST /translate` (LibreTranslate: {"q": text or [texts], "source", "tar
 
 The HTTP layer is uvicorn (timeouts, connection limit, graceful shutdown) under Starlette (routing). A
 request is validated completely and encoded into subwords in its handler, so nothing malformed reaches the
-model. One worker thread owns the model (models are not thread-safe): requests are cut into pieces of at
-most `max_batch_tokens` (subwords x beam, as `nmt translate` budgets), and each batch takes the next piece
-of every waiting request in turn, so a one-line request waits about one batch however large the others
-are. A batch that fails is retried piece by piece, so only the faulty request fails; the worker never dies.
-On the CPU in fp32 a sentence's translation does not depend on what else shares its batch
-(tests/test_invariance.py), so batching changes speed, never answers. The line contract is nmt
-translate's: a text's lines are translated one by one and joined again, blank lines stay blank.
+model. The model is built as `nmt translate` builds it (nmt.translate.build_translator, either engine),
+and a request's lines are encoded by the same front end (nmt.translate.frontend: cleaning and cuts
+included). One worker thread owns the model (models are not thread-safe): requests are cut into pieces
+that fit the batch budget (`--max-batch-tokens`, costed as `nmt translate` costs its batches), and each
+batch takes the next piece of every waiting request in turn, so a one-line request waits about one batch
+however large the others are. A batch that fails is retried piece by piece, so only the faulty request
+fails; the worker never dies. On the CPU in fp32 a sentence's translation does not depend on what else
+shares its batch (tests/test_invariance.py), so batching changes speed, never answers. The line contract
+is nmt translate's: a text's lines are translated one by one and joined again, blank lines stay blank.
 
 Every error, of every route and method, is {"error": "..."} with its status. SIGTERM or SIGINT: stop
 accepting, close idle connections, answer the requests in flight, exit 0 within `shutdown_timeout`.

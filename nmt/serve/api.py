@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from nmt.serve.batcher import Batcher, QueueFull
 from nmt.serve.markup import markup_join, markup_lines, markup_parts
 from nmt.serve.settings import HTTPError, ServeSettings
+from nmt.translate.frontend import rows_per_sentence
 
 LANGUAGE_NAMES = {"en": "English", "de": "German", "fr": "French", "es": "Spanish", "it": "Italian"}
 JSON_TYPES = ("application/json", "text/json", "")  # LibreTranslate's clients often send no type at all
@@ -52,33 +53,30 @@ class Text:
 class Service:
     """What the routes do, apart from HTTP: validate, encode, queue, assemble."""
 
-    def __init__(self, batcher: Batcher, subword, src: str, tgt: str, settings: ServeSettings, model: str):
-        self.batcher, self.subword, self.src, self.tgt = batcher, subword, src, tgt
+    def __init__(self, batcher: Batcher, src: str, tgt: str, settings: ServeSettings, model: str):
+        self.batcher, self.src, self.tgt = batcher, src, tgt
         self.settings, self.model_name = settings, model
-        self.decode = batcher.decode
+
+    @property
+    def decode(self):
+        return self.batcher.decode
 
     @property
     def max_alternatives(self) -> int:
-        d = self.decode
-        return 0 if d.sampling else d.beam - 1
+        """The beam's other hypotheses; none when sampling (a request's nbest is then its draws)."""
+        return rows_per_sentence(self.decode, 1) - 1
 
     def encode(self, texts: list[Text]) -> tuple[dict[int, list[int]], int, list[list[int]]]:
-        """Subword ids of every non-blank line, the line count, and each text's truncated line numbers."""
+        """Subword ids of every non-blank line, the line count, and each text's truncated line numbers:
+        the front end's encoding (nmt.translate.LineTranslator.encode), nmt translate's line contract."""
         lines = [line for t in texts for line in t.lines]
-        todo = [i for i, line in enumerate(lines) if line.strip()]
-        sources, truncated_at = {}, set()
-        limit = self.batcher.max_source
-        for i, ids in zip(todo, self.subword.encode([lines[i] for i in todo]), strict=True):
-            if len(ids) > limit:
-                truncated_at.add(i)
-                ids = ids[:limit]
-            if ids:  # a line of characters the subword model drops entirely translates to nothing
-                sources[i] = ids
+        encoded = self.batcher.translator.encode(lines)
         truncated, start = [], 0
         for t in texts:
-            truncated.append([i - start + 1 for i in range(start, start + len(t.lines)) if i in truncated_at])
+            cut = encoded.truncated
+            truncated.append([i - start + 1 for i in range(start, start + len(t.lines)) if i in cut])
             start += len(t.lines)
-        return sources, len(lines), truncated
+        return encoded.sources, len(lines), truncated
 
     async def translate(self, texts: list[Text], nbest: int) -> tuple[list[list], list[list[int]]]:
         """For each text, its lines' n-best lists of (translation, score); and its truncated line numbers."""

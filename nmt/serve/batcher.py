@@ -1,14 +1,14 @@
 """The model worker: one thread owns the model; fair batches from the waiting requests, failures isolated.
 
-Requests are cut into pieces of at most `max_batch_tokens` (subwords x beam, as `nmt translate` budgets),
-and each batch takes the next piece of every waiting request in turn, so a one-line request waits about
-one batch however large the others are. A batch that fails is retried piece by piece, so only the faulty
+Requests are cut into pieces that fit the batch budget (decode.batch_tokens, `--max-batch-tokens`, costed
+by nmt.translate.frontend.batch_cost as `nmt translate` costs its batches), and each batch takes the next
+piece of every waiting request in turn, so a one-line request waits about one batch however large the
+others are. A batch that fails is retried piece by piece, so only the faulty
 request fails; the worker never dies.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from collections import deque
@@ -20,6 +20,7 @@ from rich.console import Console
 from nmt.config import DecodeConfig
 from nmt.serve.metrics import Metrics
 from nmt.serve.settings import ServeSettings
+from nmt.translate.frontend import batch_cost, rows_per_sentence
 
 
 class QueueFull(Exception):
@@ -57,8 +58,6 @@ class Batcher:
 
     def __init__(self, translator, settings: ServeSettings, metrics: Metrics, console: Console):
         self.translator, self.settings, self.metrics, self.console = translator, settings, metrics, console
-        self.decode: DecodeConfig = translator.decode
-        self.max_source = translator.max_source
         self.wait = settings.batch_wait_ms / 1000
         self.cond = threading.Condition()
         self.jobs: deque[Job] = deque()  # jobs with pieces left, in arrival order
@@ -67,22 +66,34 @@ class Batcher:
         self.thread = threading.Thread(target=self.run, name="nmt-batcher", daemon=True)
         self.thread.start()
 
-    def cost(self, ids: list[int], nbest: int) -> int:
-        """Decoder rows x source positions one line takes, as the front end's token_batches counts it."""
-        rows = nbest if self.decode.sampling else self.decode.beam
-        return rows * (len(ids) + 1)
+    @property
+    def decode(self) -> DecodeConfig:
+        """The translator's decode settings, the only ones: a request's alternatives are a search's nbest."""
+        return self.translator.decode
+
+    @property
+    def budget(self) -> int:
+        return self.decode.batch_tokens
+
+    def cost(self, lines: int, longest: int, nbest: int) -> int:
+        """What `lines` lines, the longest of `longest` subwords with its EOS, cost against the budget."""
+        return batch_cost(lines, longest, rows_per_sentence(self.decode, nbest))
+
+    def piece_size(self, job: Job, piece: list[int]) -> tuple[int, int]:
+        """A piece's lines, and its longest line in subwords with the EOS."""
+        return len(piece), max(len(job.sources[i]) + 1 for i in piece)
 
     def submit(self, sources: dict[int, list[int]], count: int, nbest: int, deadline: float) -> Job:
         """Queue a request's encoded lines; its future gets the n-best of every line (blank: [("", 0.0)])."""
         pieces: deque[list[int]] = deque()
-        piece, spent = [], 0
+        piece, longest = [], 0
         for i, ids in sources.items():  # line order: a piece is a run of neighbouring lines
-            c = self.cost(ids, nbest)
-            if piece and spent + c > self.settings.max_batch_tokens:
+            longer = max(longest, len(ids) + 1)
+            if piece and self.cost(len(piece) + 1, longer, nbest) > self.budget:
                 pieces.append(piece)
-                piece, spent = [], 0
+                piece, longer = [], len(ids) + 1
             piece.append(i)
-            spent += c
+            longest = longer
         if piece:
             pieces.append(piece)
         job = Job(sources, count, nbest, deadline, pieces, len(sources))
@@ -125,13 +136,11 @@ class Batcher:
                 return None
             # The window: a lone small request waits a little for others to share its batch.
             end = time.monotonic() + self.wait
-            while (
-                self.queued_cost() < self.settings.max_batch_tokens and (left := end - time.monotonic()) > 0
-            ):
+            while self.queued_cost() < self.budget and (left := end - time.monotonic()) > 0:
                 if self.closing:
                     break
                 self.cond.wait(left)
-            now, budget, batch = time.monotonic(), self.settings.max_batch_tokens, []
+            now, batch, lines, longest = time.monotonic(), [], 0, 0
             nbest = None
             for job in sorted(self.jobs, key=lambda j: j.served):
                 if job.done() or job.deadline < now:  # answered (timed out or failed) or too late to help
@@ -140,8 +149,9 @@ class Batcher:
                 if nbest is not None and job.nbest != nbest:
                     continue
                 piece = job.pieces[0]
-                c = sum(self.cost(job.sources[i], job.nbest) for i in piece)
-                if batch and c > budget:
+                size, top = self.piece_size(job, piece)
+                cost = self.cost(lines + size, max(longest, top), job.nbest)  # the batch with this piece
+                if batch and cost > self.budget:
                     continue
                 nbest = job.nbest
                 job.pieces.popleft()
@@ -149,18 +159,18 @@ class Batcher:
                 if not job.pieces:
                     self.jobs.remove(job)
                 batch.append((job, piece))
-                budget -= c
-                if budget <= 0:
+                lines, longest = lines + size, max(longest, top)
+                if cost >= self.budget:
                     break
             return batch
 
     def queued_cost(self) -> int:
-        """The cost of what waits, counted only as far as one batch's budget."""
+        """The cost of what waits, piece by piece, counted only as far as one batch's budget."""
         total = 0
         for job in self.jobs:
             for piece in job.pieces:
-                total += sum(self.cost(job.sources[i], job.nbest) for i in piece)
-                if total >= self.settings.max_batch_tokens:
+                total += self.cost(*self.piece_size(job, piece), job.nbest)
+                if total >= self.budget:
                     return total
         return total
 
@@ -198,14 +208,9 @@ class Batcher:
         pairs = [(job, i) for job, piece in batch for i in piece if not job.done()]
         if not pairs:
             return
-        t = self.translator
-        nbest = batch[0][0].nbest
-        if nbest != self.decode.nbest:  # alternatives: the same search, keeping more of the beam
-            t.decode = t.engine.decode = dataclasses.replace(self.decode, nbest=nbest)
-        try:
-            results = t.search_sources(len(pairs), {k: job.sources[i] for k, (job, i) in enumerate(pairs)})
-        finally:
-            t.decode = t.engine.decode = self.decode
+        nbest = batch[0][0].nbest  # alternatives: the same search, keeping more of the beam
+        sources = {k: job.sources[i] for k, (job, i) in enumerate(pairs)}
+        results = self.translator.search_sources(len(pairs), sources, nbest=nbest)
         for (job, i), hyps in zip(pairs, results, strict=True):
             job.results[i] = hyps
         for job, _ in batch:

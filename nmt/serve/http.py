@@ -12,7 +12,7 @@ from urllib.parse import parse_qs
 
 from rich.console import Console
 
-from nmt.config import DecodeOverrides
+from nmt.config import DecodeOverrides, Engine, Precision
 from nmt.errors import NmtError
 from nmt.serve.api import FORM_TYPE, JSON_TYPES, MULTIPART_TYPE, Service
 from nmt.serve.batcher import Batcher
@@ -312,34 +312,29 @@ def serve(
     settings: ServeSettings,
     overrides: DecodeOverrides,
     device: str,
-    dtype: str,
+    dtype: Precision | str,
     console: Console,
+    engine: Engine | str = Engine.TORCH,
 ) -> None:
-    """Load the model, serve until SIGTERM/SIGINT, then answer the requests in flight and return."""
+    """Load the model, serve until SIGTERM/SIGINT, then answer the requests in flight and return.
+
+    The model is built as `nmt translate` builds it (nmt.translate.build_translator), on either engine;
+    the batch budget (--max-batch-tokens) is among `overrides`, as decode.batch_tokens.
+    """
     try:
         import starlette  # noqa: F401
         import uvicorn
     except ImportError as e:
         raise NmtError(f"nmt serve needs its extra ({e}): pip install 'nmt[serve]'") from None
-    from nmt.checkpoint import load_model
-    from nmt.device import resolve_device
-    from nmt.translate import Translator
-    from nmt.translate.frontend import inference_model
-    from nmt.translate.prepacked import PrepackedLinear
+    from nmt.translate import build_translator
 
     settings.check()
-    torch_device = resolve_device(device)
-    model, subword, cfg = load_model(Path(model_path), torch_device)  # the checkpoint is read once
-    overrides = DecodeOverrides(  # the batch budget is a decode setting too, under the server's name
-        {**overrides.values, "batch_tokens": settings.max_batch_tokens},
-        {**overrides.flags, "batch_tokens": "--max-batch-tokens"},
-    )
-    decode = overrides.apply(cfg.decode, "nmt serve")
-    translator = Translator(inference_model(model, dtype, torch_device), subword, decode, torch_device)
+    # The checkpoint is read once; the server's translator prints no warnings: answers say what was cut.
+    built = build_translator(model_path, overrides, device, dtype, engine, None, "nmt serve")
     sock = listen(host, port)
     metrics = Metrics()
-    batcher = Batcher(translator, settings, metrics, console)
-    service = Service(batcher, subword, cfg.data.src_lang, cfg.data.tgt_lang, settings, str(model_path))
+    batcher = Batcher(built.translator, settings, metrics, console)
+    service = Service(batcher, built.src_lang, built.tgt_lang, settings, str(model_path))
     app = build_app(service, settings, metrics, console)
     config = uvicorn.Config(
         app,
@@ -354,17 +349,11 @@ def serve(
         server_header=False,
     )
     server = server_class()(config, console)
-    param = next(model.parameters(), None)
-    # int8: the embedding stays float32, but every product runs in int8
-    precision = str(param.dtype).removeprefix("torch.") if param is not None and dtype != "int8" else dtype
-    members = getattr(model, "members", [model])
-    if all(isinstance(getattr(m, "output_kernel", None), PrepackedLinear) for m in members):
-        precision += " (decoder products prepacked for oneDNN)"
+    decode = built.decode
     console.print(
         f"serving {model_path} ({service.src} -> {service.tgt}) on http://{host}:{sock.getsockname()[1]} "
-        f"device {torch_device}, {precision}, "
-        f"beam {decode.beam}, batches of up to {settings.max_batch_tokens} subwords x beam within "
-        f"{settings.batch_wait_ms:g} ms",
+        f"{built.describe()}, beam {decode.beam}, batches of up to {decode.batch_tokens} subwords x beam "
+        f"within {settings.batch_wait_ms:g} ms",
         highlight=False,
         soft_wrap=True,
     )

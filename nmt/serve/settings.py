@@ -9,9 +9,9 @@ from nmt.errors import NmtError
 
 @dataclass(frozen=True)
 class ServeSettings:
-    """The server's limits; the CLI's options, validated here so each message names its option."""
+    """The server's limits; the CLI's options, validated here so each message names its option. The batch
+    budget is a decode setting (--max-batch-tokens: decode.batch_tokens, as nmt translate --max-tokens)."""
 
-    max_batch_tokens: int = 8192  # subwords x beam in one batch, as nmt translate --max-tokens
     batch_wait_ms: float = 10.0  # how long the first request of a batch waits for others
     max_chars: int = 20000  # characters of text in one request
     max_queue: int = 100000  # source lines waiting for the model; more: 503
@@ -23,7 +23,6 @@ class ServeSettings:
 
     def check(self) -> ServeSettings:
         for option, ok in (
-            ("--max-batch-tokens", self.max_batch_tokens >= 1),
             ("--batch-wait-ms", self.batch_wait_ms >= 0),
             ("--max-chars", self.max_chars >= 1),
             ("--max-queue", self.max_queue >= 1),

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from nmt.config import Config
@@ -37,12 +35,17 @@ def validate(model: Transformer, data: TrainData, cfg: Config, rt: Runtime) -> d
         "bleu": None,
     }
     if cfg.train.valid_bleu:
+        from nmt.checkpoint import LoadedModel
+        from nmt.config import DecodeOverrides
         from nmt.score import bleu
-        from nmt.translate import Translator
+        from nmt.translate import build_translator
 
-        greedy = dataclasses.replace(cfg.decode, beam=1, nbest=1)
+        greedy = DecodeOverrides.given(beam=1, nbest=1)  # the model as it is: dtype None
+        built = build_translator(
+            LoadedModel(model, data.subword, cfg), greedy, rt.device, None, command="validation"
+        )
         with rt.autocast():
-            hyps = Translator(model, data.subword, greedy, rt.device).translate(data.valid_src)
+            hyps = built.translator.translate(data.valid_src)
         result["bleu"] = bleu(hyps, [data.valid_ref])
     model.train()
     return result

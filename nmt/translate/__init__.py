@@ -1,23 +1,23 @@
-"""Translation: the line front end (nmt.translate.frontend) over one of two engines.
+"""Translation: lines through one of two engines, built one way for every front end.
 
-search (greedy, beam, sampling over the decoder contract), torch_engine and ctranslate2_engine (subword ids
-in, hypotheses out), ensemble (several models as one), export (a checkpoint as a CTranslate2 folder).
+frontend (the line contract: clean, cut, encode, batch by cost, detokenize), builder (a translator from
+the user's choices: models, engine, device, precision; for `nmt translate`, `nmt serve`, `nmt run` and
+validation), stream (`nmt translate`'s files and stdin), search (greedy, beam, sampling over the decoder
+contract), torch_engine and ctranslate2_engine (subword ids in, hypotheses out), ensemble (several models
+as one), int8 and prepacked (CPU kernels).
 """
 
-from nmt.translate.frontend import (
-    LineTranslator,
-    Translator,
-    ctranslate2_translator,
-    load_translator,
-    token_batches,
-    translate_stream,
-)
+from nmt.translate.builder import BuiltTranslator, build_translator, ctranslate2_translator, inference_model
+from nmt.translate.frontend import LineTranslator, Translator, token_batches
+from nmt.translate.stream import translate_stream
 
 __all__ = [
+    "BuiltTranslator",
     "LineTranslator",
     "Translator",
+    "build_translator",
     "ctranslate2_translator",
-    "load_translator",
+    "inference_model",
     "token_batches",
     "translate_stream",
 ]

@@ -27,21 +27,44 @@ How nmt.translate.search's conventions are obtained from CTranslate2's beam sear
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
-from nmt.config import DecodeConfig
+import torch
+
+from nmt.config import DecodeConfig, Precision
 from nmt.errors import NmtError
 from nmt.formats.ctranslate2 import import_ctranslate2, read_meta
 from nmt.tokens import BOS, EOS, PAD
-from nmt.translate.search import Hypothesis
+from nmt.translate.search import Hypothesis, length_penalty, output_limits
 
 NO_PENALTY = 1e-9  # non-zero, so CTranslate2 waits for K finished hypotheses; |Y|^1e-9 == 1.0 in float32
+# `--dtype` as CTranslate2's compute type; auto keeps the type the folder was written in (float32)
+COMPUTE_TYPES = {
+    Precision.AUTO: "default",
+    Precision.FP32: "float32",
+    Precision.BF16: "bfloat16",
+    Precision.FP16: "float16",
+    Precision.INT8: "int8",
+}
 
 
-def gnmt_score(raw: float, length: int, alpha: float) -> float:
-    """raw / ((5 + |Y|) / 6)^alpha, |Y| counting the EOS (nmt.translate.search.length_penalty)."""
-    return raw / ((5 + length) / 6) ** alpha
+def compute_type(precision: Precision, device) -> str:
+    """CTranslate2's compute type for `--dtype`; one line naming what it can do instead where CTranslate2
+    cannot compute in it on this device (bf16 or fp16 on most CPUs)."""
+    wanted = COMPUTE_TYPES[precision]
+    if wanted == "default":
+        return wanted
+    kind = str(device).partition(":")[0]
+    try:
+        supported = import_ctranslate2().get_supported_compute_types(kind)
+    except (RuntimeError, ValueError) as e:
+        raise NmtError(f"--device {device}: CTranslate2 cannot run there ({e})") from None
+    if wanted not in supported:
+        can = ", ".join(sorted(p for p, c in COMPUTE_TYPES.items() if c in supported and c != "default"))
+        raise NmtError(
+            f"--dtype {precision}: CTranslate2 cannot compute in {wanted} on {kind}; it can: auto, {can}"
+        )
+    return wanted
 
 
 class CT2Engine:
@@ -80,25 +103,28 @@ class CT2Engine:
             raise NmtError(
                 f"{model_dir}: CTranslate2 cannot load it on {device} ({compute_type}): {e}"
             ) from None
+        self.compute_type: str = self.engine.compute_type  # what "default" turned out to be
 
-    def limits(self, ids: list[list[int]]) -> list[int]:
-        """floor(a * |x| + b) tokens before the EOS, within the model's positions (nmt.translate.search)."""
+    def limits(self, ids: list[list[int]], prefixes: list[list[int]] | None) -> list[int]:
+        """Tokens each source may have before its EOS: nmt.translate.search's output_limits."""
         d = self.decode
-        return [
-            max(0, min(math.floor(d.max_len_a * len(x) + d.max_len_b), self.max_positions - 1)) for x in ids
-        ]
+        prefix_len = torch.tensor([len(p) for p in prefixes]) if prefixes is not None else None
+        src_len = torch.tensor([len(x) for x in ids])
+        return output_limits(src_len, d.max_len_a, d.max_len_b, self.max_positions, prefix_len).tolist()
 
-    def search(self, ids: list[list[int]], prefixes: list[list[int]] | None = None) -> list[list[Hypothesis]]:
-        """The n best (token ids, GNMT-normalized score) of each source, best first."""
+    def search(
+        self, ids: list[list[int]], prefixes: list[list[int]] | None = None, nbest: int | None = None
+    ) -> list[list[Hypothesis]]:
+        """The `nbest` (by default decode.nbest) best (token ids, GNMT-normalized score) of each source,
+        best first."""
         d = self.decode
-        limits = self.limits(ids)
-        if prefixes is not None:  # at least the prefix, as nmt.translate.search.max_output_lengths
-            limits = [max(limit, len(p)) for limit, p in zip(limits, prefixes, strict=True)]
+        n = d.nbest if nbest is None else nbest
+        limits = self.limits(ids, prefixes)
         options = {}
         if d.sampling:
             options = dict(
                 beam_size=1,
-                num_hypotheses=d.nbest,
+                num_hypotheses=n,
                 sampling_topk=d.sampling_topk,
                 sampling_topp=d.sampling_topp,
                 sampling_temperature=d.temperature,
@@ -124,7 +150,7 @@ class CT2Engine:
                 if seq and seq[-1] == EOS:
                     seq.pop()
                 seq = seq[:limit]
-                hyps.append(Hypothesis(seq, gnmt_score(raw, len(seq) + 1, d.lenpen)))
+                hyps.append(Hypothesis(seq, raw / length_penalty(len(seq) + 1, d.lenpen)))  # |Y| with the EOS
             hyps.sort(key=lambda h: -h.score)
-            out.append(hyps[: d.nbest])
+            out.append(hyps[:n])
         return out

@@ -53,7 +53,7 @@ class Int8Linear(nn.Module):
 def quantize_int8(model: nn.Module) -> nn.Module:
     """The model (a Transformer, float32 on the CPU) with every nn.Linear and the tied output projection
     in int8, in place; for inference only (nothing here can be trained or saved). An Ensemble is
-    quantized member by member (nmt.translate.frontend.inference_model)."""
+    quantized member by member (nmt.translate.builder.inference_model)."""
     param = next(model.parameters())
     if param.device.type != "cpu" or param.dtype != torch.float32:
         raise NmtError(f"--dtype int8 is for a float32 model on the CPU, not {param.dtype} on {param.device}")

@@ -1,0 +1,170 @@
+"""One way to build a translator from what a user chose: model files (or a model in memory), engine,
+device and precision, and the decode options given over the model's own settings.
+
+`nmt translate`, `nmt serve`, `nmt run`'s translate step and validation during training all call
+`build_translator`, so they load, default and check alike, and get back what each needs: the line
+translator (its decode settings and subword model with it), the language pair, and what was chosen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from rich.console import Console
+
+from nmt.checkpoint import LoadedModel, load_model
+from nmt.config import DecodeConfig, DecodeOverrides, Engine, Precision
+from nmt.device import inference_dtype, resolve_device
+from nmt.errors import NmtError
+from nmt.subword import Subword
+from nmt.translate.frontend import LineTranslator, Translator
+
+
+@dataclass(frozen=True)
+class BuiltTranslator:
+    """A translator and what was chosen for it."""
+
+    translator: LineTranslator
+    src_lang: str
+    tgt_lang: str
+    engine: Engine
+    device: torch.device
+    precision: str  # what the products run in: float32, bfloat16, int8, or CTranslate2's compute type
+
+    @property
+    def decode(self) -> DecodeConfig:
+        return self.translator.decode
+
+    @property
+    def subword(self) -> Subword:
+        return self.translator.subword
+
+    def describe(self) -> str:
+        """For a log line, e.g. `device cpu, float32 (decoder products prepacked for oneDNN)`."""
+        engine = "" if self.engine is Engine.TORCH else "CTranslate2 "
+        return f"device {self.device}, {engine}{self.precision}"
+
+
+def build_translator(
+    models: Path | str | Sequence[Path | str] | LoadedModel,
+    overrides: DecodeOverrides | None = None,
+    device: str | torch.device = "auto",
+    dtype: Precision | str | None = Precision.AUTO,
+    engine: Engine | str = Engine.TORCH,
+    console: Console | None = None,
+    command: str = "nmt translate",
+) -> BuiltTranslator:
+    """The translator of `models`, decoding with their own settings overridden by `overrides`.
+
+    `models`: checkpoints (several: one ensemble; they must share their subword model, and the first
+    one's decode settings apply), a folder from `nmt export` (engine ctranslate2, which keeps the
+    checkpoint's decode settings), or a model already in memory (validation: the model being trained).
+    `dtype` None leaves a model in memory as it is, for the caller to use again: no precision cast, no
+    int8 or prepacked kernels. Errors name the option; `command` names the caller in decode errors.
+    """
+    engine = Engine.parse(engine, "--engine")
+    precision = None if dtype is None else Precision.parse(dtype, "--dtype")
+    overrides = overrides if overrides is not None else DecodeOverrides()
+    torch_device = resolve_device(str(device))
+    if engine is Engine.CTRANSLATE2:
+        return ctranslate2_build(models, overrides, torch_device, precision, console, command)
+    if isinstance(models, LoadedModel):
+        loaded, names = [models], ["the model"]
+    else:
+        names = model_paths(models)
+        loaded = [load_model(path, torch_device) for path in names]
+    model, subword, cfg = loaded[0]
+    for name, (_, other, _) in zip(names[1:], loaded[1:], strict=True):
+        if other.proto != subword.proto:
+            raise NmtError(f"{name}: its subword vocabulary differs from {names[0]}'s; an ensemble needs one")
+    if len(loaded) > 1:
+        from nmt.translate.ensemble import Ensemble
+
+        model = Ensemble([m for m, _, _ in loaded])
+    decode = overrides.apply(cfg.decode, command)
+    if precision is not None:
+        model = inference_model(model, precision, torch_device)
+    translator = Translator(model, subword, decode, torch_device, console)
+    return BuiltTranslator(
+        translator, cfg.data.src_lang, cfg.data.tgt_lang, Engine.TORCH, torch_device, precision_of(model)
+    )
+
+
+def model_paths(models: Path | str | Sequence[Path | str]) -> list[Path]:
+    return [Path(p) for p in ([models] if isinstance(models, str | Path) else models)]
+
+
+def ctranslate2_build(
+    models, overrides: DecodeOverrides, device: torch.device, precision: Precision | None, console, command
+) -> BuiltTranslator:
+    """A folder written by `nmt export --format ctranslate2`, decoded by CTranslate2."""
+    if isinstance(models, LoadedModel):
+        raise NmtError("--engine ctranslate2 decodes a folder written by nmt export, not a model in memory")
+    paths = model_paths(models)
+    if len(paths) > 1:
+        raise NmtError("--engine ctranslate2 decodes one model: ensembles need --engine torch")
+    from nmt.formats.ctranslate2 import read_meta
+    from nmt.translate.ctranslate2_engine import compute_type
+
+    meta = read_meta(paths[0])
+    decode = overrides.apply(DecodeConfig(**meta["decode"]), command)
+    compute = compute_type(precision or Precision.AUTO, device)
+    translator = ctranslate2_translator(paths[0], decode, str(device), compute, console=console)
+    used = translator.engine.compute_type  # what "default" turned out to be
+    return BuiltTranslator(translator, meta["src_lang"], meta["tgt_lang"], Engine.CTRANSLATE2, device, used)
+
+
+def ctranslate2_translator(
+    model_dir: Path,
+    decode: DecodeConfig,
+    device: str = "cpu",
+    compute_type: str = "default",
+    threads: int | None = None,
+    console: Console | None = None,
+) -> LineTranslator:
+    """Lines through CTranslate2, over a folder written by `nmt export` (its own subword model)."""
+    from nmt.translate.ctranslate2_engine import CT2Engine
+
+    engine = CT2Engine(Path(model_dir), decode, device, compute_type, threads)
+    return LineTranslator(engine, Subword.load(Path(model_dir) / "spm.model"), console)
+
+
+def inference_model(model, dtype: Precision | str, device: torch.device, prepack: bool = True):
+    """The model (or each member of an Ensemble) in the precision `dtype` names: a torch dtype
+    (nmt.device.inference_dtype), or int8 weights on the CPU (nmt.translate.int8). In float32 on the
+    CPU the decoder's weights are prepacked for oneDNN (nmt.translate.prepacked) unless `prepack` is off."""
+    precision = Precision.parse(dtype, "--dtype")
+    int8 = precision is Precision.INT8
+    if int8 and device.type != "cpu":
+        raise NmtError(f"--dtype int8 runs on the CPU, not {device}: add --device cpu")
+    torch_dtype = torch.float32 if int8 else inference_dtype(precision, device)
+    # An Ensemble keeps its members in a plain list, out of reach of its own .to()
+    for member in getattr(model, "members", [model]):
+        member.to(torch_dtype)
+        if int8:
+            from nmt.translate.int8 import quantize_int8
+
+            quantize_int8(member)
+        elif prepack and device.type == "cpu" and torch_dtype == torch.float32:
+            from nmt.translate.prepacked import prepack_decoder
+
+            prepack_decoder(member)
+    return model
+
+
+def precision_of(model) -> str:
+    """What a model's products run in, as a log line says it: `int8`, or its weights' dtype, and whether
+    the decoder's products are prepacked (nmt.translate.prepacked)."""
+    from nmt.translate.int8 import Int8Linear
+    from nmt.translate.prepacked import PrepackedLinear
+
+    members = getattr(model, "members", [model])
+    kernels = {type(getattr(m, "output_kernel", None)) for m in members}
+    if kernels == {Int8Linear}:  # the embedding stays float32, but every product runs in int8
+        return "int8"
+    param = next(members[0].parameters(), None)
+    dtype = str(param.dtype).removeprefix("torch.") if param is not None else "float32"
+    return dtype + (" (decoder products prepacked for oneDNN)" if kernels == {PrepackedLinear} else "")

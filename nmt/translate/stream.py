@@ -1,0 +1,185 @@
+"""`nmt translate`'s stream: lines from a file or stdin to a file or stdout, in order, chunk by chunk.
+
+The output contract, whatever the input: exactly one output line per input line (K lines with --nbest K),
+in input order. Input is read as bytes and split on b"\\n" only (never str.splitlines, which also splits
+on \\x0b, \\x0c, \\x1c-\\x1e, \\x85, \\u2028 and \\u2029); a trailing \\r is dropped; invalid UTF-8 is
+replaced, with a warning naming the lines; a line longer than the model can use is cut while it is read.
+What happens to each line then is the front end's (nmt.translate.frontend). Warnings go to stderr.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from rich.console import Console
+
+from nmt.config import DecodeOverrides, Engine, Precision
+from nmt.errors import NmtError
+from nmt.output import output_stream, refuse_input_as_output, stdout, write_failed
+from nmt.progress import Progress, count_lines
+from nmt.translate.builder import build_translator
+
+CHUNK_LINES = 2000  # lines read, sorted and batched together; their translations are flushed together
+
+
+def decode_bytes(raw: bytes) -> tuple[str, bool]:
+    """One line's bytes, without its b"\\n" -> text without a trailing \\r, and whether UTF-8 was invalid."""
+    if raw.endswith(b"\r"):
+        raw = raw[:-1]
+    try:
+        return raw.decode("utf-8"), False
+    except UnicodeDecodeError:
+        return raw.decode("utf-8", errors="replace"), True
+
+
+def decode_chunk(chunk: list[bytes], first_line: int, console: Console) -> list[str]:
+    """Text of each line; one warning per chunk names the lines whose invalid UTF-8 was replaced."""
+    decoded = [decode_bytes(raw) for raw in chunk]
+    bad = [first_line + i for i, (_, invalid) in enumerate(decoded) if invalid]
+    if bad:
+        more = f" and {len(bad) - 10} more" if len(bad) > 10 else ""
+        shown = ", ".join(map(str, bad[:10])) + more
+        console.print(
+            f"[yellow]warning:[/] invalid UTF-8 replaced on line {shown}", highlight=False, soft_wrap=True
+        )
+    return [text for text, _ in decoded]
+
+
+def read_chunks(stream: BinaryIO, size: int, max_bytes: int | None = None) -> Iterator[list[bytes]]:
+    """Lines (split on b"\\n" only, the newline removed) in lists of `size`; size 1 answers each at once.
+
+    A line over `max_bytes` keeps its first `max_bytes` bytes and the rest is skipped unread into
+    memory: a line too long for the model is cut before any work is spent on it.
+    """
+    chunk: list[bytes] = []
+    while line := read_one(stream, max_bytes):
+        chunk.append(line[:-1] if line.endswith(b"\n") else line)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def read_one(stream: BinaryIO, max_bytes: int | None) -> bytes:
+    """One line with its b"\\n" (b"" at the end), at most max_bytes of it kept."""
+    if max_bytes is None:
+        return stream.readline()
+    line = stream.readline(max_bytes)
+    if len(line) == max_bytes and not line.endswith(b"\n"):
+        while (rest := stream.readline(1 << 20)) and not rest.endswith(b"\n"):
+            pass
+        # Drop a character the cut split (continuation bytes 10xxxxxx and their lead byte): it is past
+        # what the translator keeps anyway, and must not read as invalid UTF-8.
+        end = len(line)
+        while end > len(line) - 3 and line[end - 1] & 0xC0 == 0x80:
+            end -= 1
+        if line[end - 1] >= 0xC0:
+            end -= 1
+        line = line[:end] + b"\n"
+    return line
+
+
+def format_lines(nbest: list[list[tuple[str, float]]], first_index: int, scored: bool) -> bytes:
+    """Plain: one translation a line. Scored (--nbest): `index<TAB>score<TAB>text` per hypothesis."""
+    if scored:
+        out = [
+            f"{first_index + i}\t{score:.4f}\t{text}" for i, hyps in enumerate(nbest) for text, score in hyps
+        ]
+    else:
+        out = [hyps[0][0] for hyps in nbest]
+    return "".join(line + "\n" for line in out).encode("utf-8", errors="replace")
+
+
+def translate_stream(
+    model_path: Path | list[Path],
+    input: Path | None,
+    output: Path | None,
+    overrides: DecodeOverrides,
+    device: str,
+    dtype: Precision | str,
+    interactive: bool,
+    console: Console,
+    engine: Engine | str = Engine.TORCH,
+    prefix: Path | None = None,
+    scored: bool = False,
+) -> None:
+    """`nmt translate`: lines from `input` (default stdin) to `output` (default stdout), in order.
+
+    Reads CHUNK_LINES lines at a time, translates them in length-sorted batches and writes them back in
+    input order, flushing after each chunk; from a terminal or with `interactive`, line by line.
+    Decode settings default to the checkpoint's own `decode` section, overridden by the options given.
+    `scored` (or decode.nbest > 1) switches to the format `index<TAB>score<TAB>text`, index the 0-based
+    input line. `prefix` is a file of target prefixes, one per input line.
+    """
+    # Before anything is opened for writing: an output that is an input would be emptied before it is read.
+    refuse_input_as_output(output, [input, prefix])
+    if output is None:
+        stdout()  # a closed standard output is one line now, not after the model has loaded
+    built = build_translator(model_path, overrides, device, dtype, engine, console)
+    translator, decode = built.translator, built.decode
+    source = open_input(input)
+    prefixes = open_input(prefix) if prefix is not None else None
+    interactive = interactive or (input is None and sys.stdin.isatty())
+    max_bytes = 4 * translator.max_chars + 4  # UTF-8: enough bytes for the characters kept, no more read
+    start, done = time.perf_counter(), 0
+    progress = translation_progress(input, output, interactive, console)
+    try:
+        with output_stream(output) as sink:
+            for chunk in read_chunks(source, 1 if interactive else CHUNK_LINES, max_bytes):
+                lines = decode_chunk(chunk, done + 1, console)
+                wanted = None
+                if prefixes is not None:
+                    wanted = decode_chunk(
+                        [read_line(prefixes, prefix, done + i + 1, max_bytes) for i in range(len(chunk))],
+                        done + 1,
+                        console,
+                    )
+                results = translator.translate_nbest(lines, first_line=done + 1, prefixes=wanted)
+                sink.write(format_lines(results, done, scored=scored or decode.nbest > 1))
+                sink.flush()
+                done += len(chunk)
+                progress.advance(len(chunk))
+    except OSError as e:  # the results' destination failed: a full disk, a reader gone (`| head`)
+        problem = write_failed(e, str(output) if output is not None else "standard output")
+        if problem is None:
+            raise  # the command line's boundary ends quietly
+        raise problem from None
+    finally:
+        progress.close()
+        for stream in (source, prefixes):
+            if stream is not None and stream is not sys.stdin.buffer:
+                stream.close()
+    if not interactive:
+        seconds = time.perf_counter() - start
+        console.print(f"translated {done} lines in {seconds:.1f} s ({done / max(seconds, 1e-9):.1f} lines/s)")
+
+
+def translation_progress(input: Path | None, output: Path | None, interactive: bool, console) -> Progress:
+    """Lines done of the input file's total (of an unknown total from a pipe), on stderr. None when
+    answering line by line, or when the translations go to the terminal the bar would be drawn on."""
+    if interactive or (output is None and sys.stdout.isatty() and console.is_terminal):
+        return Progress(None, "")
+    total = count_lines(input) if input is not None and input.is_file() else None
+    return Progress(console, f"translate {input.name if input is not None else 'stdin'}", total)
+
+
+def read_line(stream: BinaryIO, path: Path, number: int, max_bytes: int | None = None) -> bytes:
+    """Line `number` of a file read alongside the input; running out first is the user's mistake."""
+    line = read_one(stream, max_bytes)
+    if not line:
+        raise NmtError(f"{path}: has no line {number}; give one prefix line (blank for none) per input line")
+    return line[:-1] if line.endswith(b"\n") else line
+
+
+def open_input(path: Path | None) -> BinaryIO:
+    if path is None:
+        return sys.stdin.buffer
+    try:
+        return open(path, "rb")
+    except OSError as e:
+        raise NmtError(f"{path}: cannot read the input: {e.strerror}") from None
