@@ -30,9 +30,12 @@ class BuiltTranslator:
     translator: LineTranslator
     src_lang: str
     tgt_lang: str
-    engine: Engine
     device: torch.device
     precision: str  # what the products run in: float32, bfloat16, int8, or CTranslate2's compute type
+
+    @property
+    def engine(self) -> Engine:
+        return self.translator.engine.name
 
     @property
     def decode(self) -> DecodeConfig:
@@ -88,9 +91,8 @@ def build_translator(
     if precision is not None:
         model = inference_model(model, precision, torch_device)
     translator = Translator(model, subword, decode, torch_device, console)
-    return BuiltTranslator(
-        translator, cfg.data.src_lang, cfg.data.tgt_lang, Engine.TORCH, torch_device, precision_of(model)
-    )
+    languages = cfg.data.src_lang, cfg.data.tgt_lang
+    return BuiltTranslator(translator, *languages, torch_device, precision_of(model))
 
 
 def model_paths(models: Path | str | Sequence[Path | str]) -> list[Path]:
@@ -114,7 +116,8 @@ def ctranslate2_build(
     compute = compute_type(precision or Precision.AUTO, device)
     translator = ctranslate2_translator(paths[0], decode, str(device), compute, console=console)
     used = translator.engine.compute_type  # what "default" turned out to be
-    return BuiltTranslator(translator, meta["src_lang"], meta["tgt_lang"], Engine.CTRANSLATE2, device, used)
+    languages = meta["src_lang"], meta["tgt_lang"]
+    return BuiltTranslator(translator, *languages, device, used)
 
 
 def ctranslate2_translator(

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from nmt.config import DecodeConfig, Precision
+from nmt.config import DecodeConfig, Engine, Precision
 from nmt.errors import NmtError
 from nmt.formats.ctranslate2 import import_ctranslate2, read_meta
 from nmt.tokens import BOS, EOS, PAD
@@ -70,7 +70,7 @@ def compute_type(precision: Precision, device) -> str:
 class CT2Engine:
     """An exported model folder, searched by CTranslate2, reranked as nmt.translate.search."""
 
-    name = "ctranslate2"
+    name = Engine.CTRANSLATE2
 
     def __init__(
         self,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from nmt.config import DecodeConfig
+from nmt.config import DecodeConfig, Engine
 from nmt.tokens import EOS, PAD
 from nmt.translate.search import Hypothesis, Sampler, beam_search, greedy_search
 
@@ -36,7 +36,7 @@ class TorchEngine:
     """A model (or an nmt.translate.ensemble.Ensemble): an nn.Module with search's decoder contract
     (nmt.translate.search.Decoder), searched on one device."""
 
-    name = "torch"
+    name = Engine.TORCH
 
     def __init__(self, model, decode: DecodeConfig, device: torch.device):
         self.model, self.decode, self.device = model, decode, torch.device(device)
