@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from common import train_spm
 from typer.testing import CliRunner
 
 from nmt.checkpoint import load_checkpoint, save_checkpoint
@@ -22,6 +21,7 @@ from nmt.config import config_from_dict, config_to_dict, load_config
 from nmt.errors import CheckpointError, ConfigError, DataError
 from nmt.model import Transformer
 from nmt.translate.frontend import read_chunks
+from nmt.untrained import train_sentencepiece
 
 from .synthetic import make_config, make_subword
 
@@ -185,7 +185,7 @@ def test_average_accepts_only_checkpoints_of_one_model(made, tmp_path):
     # The same number of pieces, other ones: a model of another language pair.
     letters = "qrstuvwxyzäöüßéè"
     lines = [" ".join(letters[(i * 7 + j) % 16] for j in range(8)) for i in range(500)]
-    other_vocab = train_spm(lines, tmp_path / "other" / "spm", VOCAB, model_type="word").proto
+    other_vocab = train_sentencepiece(lines, tmp_path / "other" / "spm", VOCAB, model_type="word").proto
     cases = {
         "config": save(tmp_path / "config.pt", other_model.state_dict(), other_cfg, made["subword"].proto),
         "vocabulary": save(tmp_path / "vocab.pt", made["state"], made["cfg"], other_vocab),

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from common import save_random_model, train_spm
 from typer.testing import CliRunner
 
 from nmt.cli import app
 from nmt.config import config_from_dict
 from nmt.translate import Translator, token_batches
+from nmt.untrained import save_random_model, train_sentencepiece
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"  # what str.splitlines() splits on
@@ -42,7 +42,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def checkpoint(tmp_path_factory) -> Path:
     """A tiny random Transformer with a SentencePiece model trained here, saved as `nmt train` would."""
     d = tmp_path_factory.mktemp("model")
-    sub = train_spm(sentences(3000, 0), d / "spm", 120, character_coverage=1.0)
+    sub = train_sentencepiece(sentences(3000, 0), d / "spm", 120, character_coverage=1.0)
     corpus = {"name": "x", "src": {"url": "http://127.0.0.1/x", "sha256": "0" * 64}}
     corpus["tgt"] = corpus["src"]
     cfg = config_from_dict(
