@@ -107,12 +107,20 @@ def test_an_output_that_is_the_input_is_refused_before_anything_is_written(made,
     assert src.read_bytes() == text
 
 
+def default_sigint() -> None:
+    """Ctrl-C as from a terminal: a suite started in the background (`make test &`) hands its children
+    SIGINT ignored, and Python then never turns it into KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_mid_translation_leaves_the_previous_output(made, tmp_path):
     previous = tmp_path / "prev.de"
     previous.write_bytes(b"an earlier translation\n" * 320)
     before = previous.read_bytes()
     cmd = [*NMT, "translate", "-m", str(made["path"]), "-o", str(previous), "--interactive"]
-    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV)
+    proc = subprocess.Popen(
+        cmd, stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV, preexec_fn=default_sigint
+    )
     try:
         proc.stdin.write(b"a b c\n")  # answered at once: the first translation is written, the rest to come
         proc.stdin.flush()

@@ -336,9 +336,9 @@ def test_no_repeat_ngram_size_through_the_command_line(synthetic_run):
     ],
 )
 def test_out_of_range_decoding_options_exit_2(checkpoint, option, value):
-    result = nmt_translate("-m", str(checkpoint), option, value, stdin=b"a\n")
-    assert result.returncode == 2 and result.stdout == b"", result.stderr
-    (message,) = result.stderr.decode().strip().splitlines()  # one line, no traceback
+    result = CliRunner().invoke(app, ["translate", "-m", str(checkpoint), option, value], input=b"a\n")
+    assert result.exit_code == 2 and result.stdout == "", result.output  # 2: no exception escaped
+    (message,) = result.stderr.strip().splitlines()  # one line, no traceback
     assert f"{option}: " in message and f"got {value}" in message, message
 
 
