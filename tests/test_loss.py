@@ -98,7 +98,7 @@ def test_training_through_the_projected_loss_gives_the_logits_gradients():
         cfg = ModelConfig(encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64, heads=4, dropout=0.0)
         model = Transformer(cfg, vocab_size=40).train()
         if how == "batch_loss":
-            loss, _ = batch_loss(model, model, (src, tgt_in, tgt_out), 0.1)
+            loss, _ = batch_loss(model, (src, tgt_in, tgt_out), 0.1)
         elif how == "chunks of 3":
             states = model(src, tgt_in, project=False)
             loss, _ = projected_label_smoothed_nll(states, model.output_weight, tgt_out, 0.1, PAD, 3)

@@ -62,15 +62,18 @@ def projected_label_smoothed_nll(
     return _ProjectedSmoothedNLL.apply(hidden, weight, target, epsilon, ignore_index, chunk, bias)
 
 
-def batch_loss(net, model, batch: tuple[Tensor, Tensor, Tensor], epsilon: float) -> tuple[Tensor, Tensor]:
+def batch_loss(
+    model, batch: tuple[Tensor, Tensor, Tensor], epsilon: float, net=None
+) -> tuple[Tensor, Tensor]:
     """The summed (loss, nll) of one collated batch (src, tgt_in, tgt_out), padding left out.
 
-    `net` (the model, or its DDP or compiled wrapper) stops before the output projection, which the loss
-    does chunk by chunk with `model`'s shared embedding matrix; under DDP the projection's gradient
-    reaches that matrix within the same backward pass, before DDP's hook on it runs.
+    `net` runs forward: the model itself (the default), or its DDP or compiled wrapper. It stops before
+    the output projection, which the loss does chunk by chunk with the model's shared embedding matrix;
+    under DDP the projection's gradient reaches that matrix within the same backward pass, before DDP's
+    hook on it runs.
     """
     src, tgt_in, tgt_out = batch
-    states = net(src, tgt_in, project=False)  # (B, T, D)
+    states = (model if net is None else net)(src, tgt_in, project=False)  # (B, T, D)
     return projected_label_smoothed_nll(
         states, model.output_weight, tgt_out, epsilon, PAD, bias=model.output_bias
     )

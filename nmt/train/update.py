@@ -84,7 +84,7 @@ def forward_backward(
     for i, batch in enumerate(batches):
         sync = i == last or rt.world_size == 1
         with contextlib.nullcontext() if sync else net.no_sync(), rt.autocast():
-            loss, nll = batch_loss(net, learner.model, batch, learner.train.label_smoothing)
+            loss, nll = batch_loss(learner.model, batch, learner.train.label_smoothing, net)
         (scaler.scale(loss * loss_scale) if scaler else loss * loss_scale).backward()
         sums += torch.stack([loss.detach(), nll.detach()])
     return sums

@@ -24,7 +24,7 @@ def validate(model: Transformer, data: TrainData, cfg: Config, rt: Runtime) -> d
     for idx in epoch_batches(data.valid.src_lens, data.valid.tgt_lens, cfg.train.batch_tokens, 0, 0):
         batch = tuple(t.to(rt.device) for t in collate(data.valid, idx))
         with rt.autocast():
-            loss, nll = batch_loss(model, model, batch, cfg.train.label_smoothing)
+            loss, nll = batch_loss(model, batch, cfg.train.label_smoothing)
         loss_sum, nll_sum = loss_sum + loss.item(), nll_sum + nll.item()
         tokens += int((batch[2] != PAD).sum())
     result = {
