@@ -62,7 +62,7 @@ def fresh_workdir(tmp_path: Path, data: Path, name: str = "run") -> Path:
 
 
 def test_the_reversal_task_is_learned(synthetic_run):
-    """The session's shared model (300 updates, seconds on 2 cores) reverses sequences."""
+    """The session's shared model (450 updates, well under a minute on 2 cores) reverses sequences."""
     model, _, _ = load_model(synthetic_run / "checkpoints" / "best.pt")
     valid = ParallelData(synthetic_run / "data" / "valid")
     src, tgt_in, tgt_out = collate(valid, torch.arange(len(valid)))
@@ -72,7 +72,7 @@ def test_the_reversal_task_is_learned(synthetic_run):
     accuracy = ((predicted == tgt_out) & real).sum().item() / real.sum().item()
     assert accuracy > 0.95, f"token accuracy {accuracy:.3f}"
     lines = (synthetic_run / "metrics.jsonl").read_text().splitlines()
-    assert len(lines) >= 300 // 10 and '"kind": "train"' in lines[0]  # a line every log_every updates
+    assert len(lines) >= 45 and '"kind": "train"' in lines[0]
 
 
 def killed_and_resumed_equals_straight(tmp_path: Path, data: Path, cfg, env: dict | None = None) -> None:

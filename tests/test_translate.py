@@ -277,18 +277,21 @@ def test_beam_search_on_a_trained_model_reverses_the_sequences(synthetic_run):
 def test_an_ensemble_of_a_model_with_itself_translates_as_the_model(synthetic_run):
     best = str(synthetic_run / "checkpoints" / "best.pt")
     lines = b"a b c d\nb c d e f g\n\np o n\n"
-    alone = nmt_translate("-m", best, stdin=lines)
-    twice = nmt_translate("-m", best, "-m", best, stdin=lines)
-    assert alone.returncode == twice.returncode == 0, twice.stderr
-    assert out_lines(twice.stdout) == out_lines(alone.stdout) == ["d c b a", "g f e d c b", "", "n o p"]
+    alone = CliRunner().invoke(app, ["translate", "-m", best], input=lines)
+    twice = CliRunner().invoke(app, ["translate", "-m", best, "-m", best], input=lines)
+    assert alone.exit_code == twice.exit_code == 0, twice.output
+    assert (
+        out_lines(twice.stdout_bytes)
+        == out_lines(alone.stdout_bytes)
+        == ["d c b a", "g f e d c b", "", "n o p"]
+    )
 
 
 def test_an_ensemble_of_models_with_other_vocabularies_is_refused(synthetic_run, checkpoint):
-    result = nmt_translate(
-        "-m", str(synthetic_run / "checkpoints" / "best.pt"), "-m", str(checkpoint), stdin=b"a\n"
-    )
-    assert result.returncode == 2
-    assert result.stderr.decode().count("\n") == 1 and str(checkpoint) in result.stderr.decode()
+    best = str(synthetic_run / "checkpoints" / "best.pt")
+    result = CliRunner().invoke(app, ["translate", "-m", best, "-m", str(checkpoint)], input=b"a\n")
+    assert result.exit_code == 2
+    assert result.stderr.count("\n") == 1 and str(checkpoint) in result.stderr
 
 
 def test_sampling_repeats_with_its_seed(checkpoint):
@@ -306,19 +309,22 @@ def test_a_prefix_file_is_continued_and_must_cover_the_input(synthetic_run, tmp_
     best = str(synthetic_run / "checkpoints" / "best.pt")
     prefixes = tmp_path / "prefix.yy"
     prefixes.write_text("a a\n\nb\n")
-    result = nmt_translate("-m", best, "--prefix", str(prefixes), stdin=b"c d e\nc d e\nf g\n")
-    assert result.returncode == 0, result.stderr
-    out = out_lines(result.stdout)
+    args = ["translate", "-m", best, "--prefix", str(prefixes)]
+    result = CliRunner().invoke(app, args, input=b"c d e\nc d e\nf g\n")
+    assert result.exit_code == 0, result.output
+    out = out_lines(result.stdout_bytes)
     assert out[0].startswith("a a ") and out[1] == "e d c" and out[2].startswith("b ")
-    short = nmt_translate("-m", best, "--prefix", str(prefixes), stdin=b"a\nb\nc\nd\n")
-    assert short.returncode == 2 and b"no line 4" in short.stderr
+    short = CliRunner().invoke(app, args, input=b"a\nb\nc\nd\n")
+    assert short.exit_code == 2 and "no line 4" in short.stderr
 
 
 def test_no_repeat_ngram_size_through_the_command_line(synthetic_run):
     best = str(synthetic_run / "checkpoints" / "best.pt")
-    result = nmt_translate("-m", best, "--no-repeat-ngram-size", "1", stdin=b"a b a b c\n")
-    assert result.returncode == 0, result.stderr
-    (line,) = out_lines(result.stdout)
+    result = CliRunner().invoke(
+        app, ["translate", "-m", best, "--no-repeat-ngram-size", "1"], input=b"a b a b c\n"
+    )
+    assert result.exit_code == 0, result.output
+    (line,) = out_lines(result.stdout_bytes)
     assert len(line.split()) == len(set(line.split()))  # the reversal would repeat a and b
 
 
