@@ -93,7 +93,8 @@ def tiny_model(device: str, seed: int = 0, dtype: torch.dtype = torch.float32, *
 def learner(model: Transformer, rt: Runtime, net: torch.nn.Module | None = None) -> Learner:
     """The trainer's Learner around `model`: label smoothing 0.1, no clipping, a plain SGD step."""
     train = dataclasses.replace(make_config().train, label_smoothing=0.1, clip_norm=0.0)
-    return Learner(net or model, model, torch.optim.SGD(model.parameters(), lr=0.01), None, train, rt)
+    net = model if net is None else net  # a compiled module has no truth value
+    return Learner(net, model, torch.optim.SGD(model.parameters(), lr=0.01), None, train, rt)
 
 
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
