@@ -1,7 +1,7 @@
 """What the benchmarks share: synthetic text and lengths, random-weight models, peak memory, RESULTS.md.
 
 The benchmarks are scripts (`python benchmarks/x.py`), so benchmarks/ is on sys.path and this module is
-imported as `common`; the tests put benchmarks/ on sys.path too and build their tiny models here.
+imported as `common`. Random weights come from the library's own builder (nmt.untrained), as the tests'.
 """
 
 from __future__ import annotations
@@ -19,13 +19,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import sentencepiece as spm
 import torch
 from torch import Tensor
 
 from nmt.atomic import write_text
-from nmt.config import Config, load_config
-from nmt.tokens import BOS, EOS, PAD, UNK
+from nmt.config import load_config
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 MIB, GIB = 1 << 20, 1 << 30
@@ -95,25 +93,18 @@ class Zipf:
         return torch.searchsorted(self.cdf, u).clamp_(max=self.n - 1)
 
 
-SPELLING = {  # onsets, nuclei, codas, suffixes
-    "en": (
-        "b c d f g h l m n p r s t w th sh ch st br tr pl gr wh cr fl".split() + [""] * 4,
-        "a e i o u ea ou ai ee oo y ie".split(),
-        "n r s t l nd ng st ck ght rd ll m p".split() + [""] * 14,
-        ["", "", "", "s", "ed", "ing", "ly", "er", "tion", "ness", "ment", "able"],
-    ),
-    "de": (
-        "b d f g h k l m n p r s t w z sch st sp kr tr gr pf schw fr".split() + [""] * 3,
-        "a e i o u ei ie au eu ä ö ü aa".split(),
-        "n r s t l ch cht nd ng tz ck ß rn mm".split() + [""] * 12,
-        ["", "", "", "en", "er", "ung", "heit", "keit", "lich", "isch", "e", "t", "chen"],
-    ),
-}
+# English-like spelling: onsets, nuclei, codas, suffixes
+SPELLING = (
+    "b c d f g h l m n p r s t w th sh ch st br tr pl gr wh cr fl".split() + [""] * 4,
+    "a e i o u ea ou ai ee oo y ie".split(),
+    "n r s t l nd ng st ck ght rd ll m p".split() + [""] * 14,
+    ["", "", "", "s", "ed", "ing", "ly", "er", "tion", "ness", "ment", "able"],
+)
 
 
-def make_words(lang: str, n: int, seed: int) -> list[str]:
-    """n distinct made-up words in `lang`'s spelling, in rank order: frequent words are short."""
-    onsets, nuclei, codas, suffixes = SPELLING[lang]
+def make_words(n: int, seed: int) -> list[str]:
+    """n distinct made-up English-like words, in rank order: frequent words are short."""
+    onsets, nuclei, codas, suffixes = SPELLING
     rng = random.Random(seed)
     words: list[str] = []
     seen: set[str] = set()
@@ -130,8 +121,6 @@ def make_words(lang: str, n: int, seed: int) -> list[str]:
         )
         if rank > 1000:
             word += suffixes[pick[-1] % len(suffixes)]
-        if lang == "de" and rank > 20000 and pick[-2] % 5 == 0:  # compounds
-            word += words[pick[-2] % len(words)]
         if word and word not in seen:
             seen.add(word)
             words.append(word)
@@ -143,7 +132,7 @@ class SyntheticText:
 
     def __init__(self, seed: int = 0, vocabulary: int = 6000):
         self.g = torch.Generator().manual_seed(seed)
-        self.words, self.zipf = make_words("en", vocabulary, seed), Zipf(vocabulary)
+        self.words, self.zipf = make_words(vocabulary, seed), Zipf(vocabulary)
 
     def sentences(self, lengths: Sequence[int]) -> list[str]:
         ids = iter(self.zipf.draw(sum(lengths), self.g).tolist())
@@ -181,54 +170,17 @@ class SyntheticPairs:
 # Random-weight models
 
 
-def train_spm(lines: Sequence[str], prefix: Path, vocab_size: int, **options):
-    """A SentencePiece model of `lines` with nmt's reserved ids (tests pick model types the recipes do not
-    offer, such as `word`); returns its nmt.subword.Subword."""
-    from nmt.subword import Subword
-
-    prefix.parent.mkdir(parents=True, exist_ok=True)
-    text = prefix.with_suffix(".txt")
-    text.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    spm.SentencePieceTrainer.train(
-        input=str(text),
-        model_prefix=str(prefix),
-        vocab_size=vocab_size,
-        pad_id=PAD,
-        unk_id=UNK,
-        bos_id=BOS,
-        eos_id=EOS,
-        minloglevel=2,
-        **options,
-    )
-    return Subword.load(Path(f"{prefix}.model"))
-
-
-def save_random_model(path: Path, cfg: Config, subword, seed: int = 1) -> Path:
-    """A checkpoint of cfg.model with random weights (torch seed `seed`), saved as `nmt train` saves one."""
-    from nmt.checkpoint import save_checkpoint
-    from nmt.model import Transformer
-
-    torch.manual_seed(seed)
-    model = Transformer(cfg.model, subword.vocab_size)
-    save_checkpoint(
-        path,
-        model_state=model.state_dict(),
-        config=cfg,
-        subword_proto=subword.proto,
-        vocab_size=subword.vocab_size,
-    )
-    return path
-
-
-def random_model(workdir: Path, recipe: str = "multi30k-en-de") -> Path:
-    """The recipe's model with random weights and its subwords trained by nmt on synthetic text.
+def random_model(workdir: Path, recipe: str = "multi30k-en-de", overrides: Sequence[str] = ()) -> Path:
+    """The recipe's model (with `overrides`) with random weights and its subwords trained by nmt on
+    synthetic text.
 
     The text has enough distinct words for the recipe's vocabulary (37,000 subwords for the WMT14 base
     recipe need ~40,000 words), so the model has the recipe's exact parameter count.
     """
     from nmt.subword import Subword, train_subword
+    from nmt.untrained import save_random_model
 
-    cfg = load_config(recipe, [])
+    cfg = load_config(recipe, list(overrides))
     corpus = workdir / "spm-train.txt"
     words = 6000 if cfg.data.vocab_size <= 8000 else cfg.data.vocab_size * 11 // 10
     text = SyntheticText(seed=1, vocabulary=words)
@@ -263,18 +215,6 @@ def peak_memory(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device)
     return max_rss()
-
-
-def rss_now(pid: int) -> int:
-    """A process's resident set now (VmRSS), bytes; 0 once it is gone."""
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
 
 
 def wait_measured(proc: subprocess.Popen) -> tuple[int, int, float]:

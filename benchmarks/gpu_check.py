@@ -2,47 +2,31 @@
 
     make gpu-check                                              # the next line, into runs/gpu-check
     PYTHONPATH=. python3 benchmarks/gpu_check.py runs/gpu-check  # on a CUDA machine: about 8 minutes
-    PYTHONPATH=. python3 benchmarks/gpu_check.py /tmp/gc --tiny  # every stage, tiny, on the CPU: < 1 min
+    PYTHONPATH=. python3 benchmarks/gpu_check.py /tmp/gc --tiny  # every stage, tiny, on the CPU
     PYTHONPATH=. python3 benchmarks/gpu_check.py out --stages demo --data runs/multi30k-en-de
 
-Stages, in this order, each a child process under its own time cap. A stage that fails, crashes or runs
-out of time is recorded with its reason and the end of its log, and the next one runs:
+Each stage is a command that users or the other benchmarks run, in a child process under its own time
+cap; this script picks the settings, keeps the time and writes the report (OUT/report.md and .json,
+rewritten after every stage; logs/ and work/) from what they print. A stage that fails or runs out of
+time is recorded with the end of its log, and the next one runs:
 
   environment   the device, torch/CUDA versions, bf16, which optional packages import, a C compiler
-  tests         `python -m pytest -m gpu tests`: the CUDA cases of tests/test_gpu.py (and any other
-                gpu-marked test), each test's outcome read from pytest's JUnit XML
-  train-*       training throughput of wmt14-en-de-base and -big at their per-GPU batch (12,500 tokens,
-                two micro-batches an update), bf16 autocast, eager and compiled, on synthetic WMT-length
-                batches through the trainer's own update and loader (benchmarks/train_throughput.py):
-                target tokens/s, MFU = 6 x parameters x target tokens/s over the dense bf16 matmul rate
-                measured in the same process (8192^3 products), MFU from the counted FLOPs of every
-                pair, peak GPU memory, and the share of a loader-fed window spent waiting for data
-  decode        nmt bf16 against CTranslate2 float16 and bfloat16 on one checkpoint of
-                wmt14-en-de-base's shape (random weights, 37,000 subwords) exported by `nmt export`:
-                beam 4, every output 30 subwords, 300 sentences of newstest2014's length distribution,
-                target tokens/s (benchmarks/translate_speed.py)
-  demo          the multi30k-en-de recipe trained on the GPU for 3 minutes from binarized data (--data,
-                or preprocessed first from --mirror / NMT_DATA_MIRROR), its last checkpoints averaged,
-                test_2016_flickr translated and scored: updates, tokens/s, sacreBLEU
+  tests         `pytest -m gpu tests`: the CUDA cases of tests/test_gpu.py, each test's outcome
+  train-*       `benchmarks/train_throughput.py --json`: wmt14-en-de-base and -big at their per-GPU batch,
+                bf16, eager and compiled: tokens/s, MFU (counted FLOPs and 6N), peak memory, data wait
+  decode        `benchmarks/translate_speed.py --json`: nmt bf16 against CTranslate2 float16 and
+                bfloat16 on random weights of wmt14-en-de-base's shape
+  demo          `nmt run multi30k-en-de` on the GPU, 3 minutes of training from --data (copied) or
+                --mirror / NMT_DATA_MIRROR: updates, tokens/s, sacreBLEU
 
-The whole run keeps within --budget seconds (default 540: 9 minutes). A stage is given its own cap or
-what the budget has left after keeping the minimum of the stages after it, whichever is less, and is
-skipped when that is below its own minimum; the demo trains for less than 3 minutes when that is all
-the budget leaves, and says so. `--stages` runs chosen stages, to finish the rest in a second command.
-Nothing here needs more than the runtime dependencies: without pytest the tests are skipped, without
-ctranslate2 the CTranslate2 rows, each with the reason; `--wheels DIR` unpacks wheels carried there
-(pytest, ctranslate2 and their dependencies) into OUT/site-packages, first on the stages' path.
-
-Writes OUT/report.md and OUT/report.json (rewritten after every stage, so a run cut short still leaves
-a report), each stage's log in OUT/logs/ and its work in OUT/work/. `--tiny` shrinks every model,
-batch, count and duration and runs the stages on the CPU (a minute or two on 2 shared cores, less on an
-idle machine): its figures mean nothing; it proves the harness.
+The run keeps within --budget seconds (540: 9 minutes); a stage the budget cannot hold is skipped with
+the `--stages` command that runs it alone (see benchmarks/README.md). `--tiny` runs every stage on the
+CPU with tiny shapes and durations: its figures mean nothing, it proves the harness.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import importlib
 import importlib.util
 import json
@@ -52,6 +36,7 @@ import re
 import shlex
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -61,12 +46,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = ROOT / "benchmarks"
-GIB = 1024**3
 OPTIONAL = ("pytest", "ctranslate2", "triton", "numpy")
-
-
-# ---------------------------------------------------------------------------------------------------------
-# The stages and their time
 
 
 @dataclass(frozen=True)
@@ -91,15 +71,17 @@ BY_NAME = {s.name: s for s in STAGES}
 DEMO_MINUTES = 3.0
 DEMO_OVERHEAD = 90.0  # seconds of the demo that are not training: start, average, translate, score
 DEMO_PREPROCESS = 30.0  # and preprocessing from the raw files (7 s on 2 busy cores)
-
-TINY_MODEL = [
-    "model.encoder_layers=1",
-    "model.decoder_layers=1",
-    "model.d_model=32",
-    "model.d_ff=64",
-    "model.heads=2",
-]
+TINY_MODEL = ["model.encoder_layers=1", "model.decoder_layers=1", "model.d_model=32", "model.d_ff=64"]
+TINY_MODEL.append("model.heads=2")
 TINY_TRAIN = [*TINY_MODEL, "data.vocab_size=100", "train.batch_tokens=256", "train.update_tokens=512"]
+# --tiny runs a compiling script with torch.compile on dynamo's eager backend: the graphs are captured,
+# inductor's code generation (minutes on a busy CPU) is left out.
+EAGER_COMPILE = (
+    "import functools, os, runpy, sys, torch; "
+    "torch.compile = functools.partial(torch.compile, backend='eager'); "
+    "sys.argv = sys.argv[1:]; sys.path.insert(0, os.path.dirname(sys.argv[0])); "
+    "runpy.run_path(sys.argv[0], run_name='__main__')"
+)
 
 
 def stage_budget(stage: Stage, left: float, later: list[Stage], tiny: bool) -> float:
@@ -110,19 +92,18 @@ def stage_budget(stage: Stage, left: float, later: list[Stage], tiny: bool) -> f
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The parent: run each stage in its own process, collect, report
+# Running the stages
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if args.stage:
-        return run_stage(args)
+    if args.environment:  # in a child: the environment stage
+        print(json.dumps(environment()))
+        return 0
     out = args.out.resolve()
-    if args.budget is None:
-        args.budget = 900.0 if args.tiny else 540.0
-    names = [s.strip() for s in args.stages.split(",")] if args.stages else [s.name for s in STAGES]
-    unknown = [n for n in names if n not in BY_NAME]
-    if unknown:
+    args.budget = args.budget or (900.0 if args.tiny else 540.0)
+    names = [s.strip() for s in args.stages.split(",")] if args.stages else list(BY_NAME)
+    if unknown := [n for n in names if n not in BY_NAME]:
         print(f"error: --stages: no stage {unknown[0]!r}; stages: {', '.join(BY_NAME)}", file=sys.stderr)
         return 2
     if args.data is not None and demo_data(args.data) is None:
@@ -130,14 +111,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for folder in ("logs", "stages"):
         (out / folder).mkdir(parents=True, exist_ok=True)
-    report = {
-        "title": "GPU check" + (" (--tiny: on the CPU, shapes and durations shrunk)" if args.tiny else ""),
-        "started": now(),
-        "command": shlex.join(["python3", "benchmarks/gpu_check.py", *(argv or sys.argv[1:])]),
-        "tiny": args.tiny,
-        "budget_s": args.budget,
-        "stages": {},
-    }
+    title = "GPU check" + (" (--tiny: on the CPU, shapes and durations shrunk)" if args.tiny else "")
+    command = shlex.join(["python3", "benchmarks/gpu_check.py", *(argv or sys.argv[1:])])
+    report = dict(title=title, started=now(), command=command, tiny=args.tiny, budget_s=args.budget)
+    report["stages"] = {}
     env = child_env(out, args, report)
     write_report(out, report)
     # SIGTERM (a scheduler's time limit) unwinds like Ctrl-C: the running stage's processes are killed
@@ -146,8 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run_stages(names, out, args, env, report)
     except KeyboardInterrupt:
-        running = [n for n, e in report["stages"].items() if e["status"] == "running"]
-        for name in running:
+        for name in [n for n, e in report["stages"].items() if e["status"] == "running"]:
             report["stages"][name] = {"status": "failed", "reason": "the check was stopped during it"}
         report["stopped"] = now()
         write_report(out, report)
@@ -165,8 +141,7 @@ def interrupt(signum, frame) -> None:
 
 def run_stages(names: list[str], out: Path, args: argparse.Namespace, env: dict, report: dict) -> None:
     """Each stage in turn, within the budget; the report rewritten after each."""
-    started = time.monotonic()
-    no_gpu = None
+    started, no_gpu = time.monotonic(), None
     for i, name in enumerate(names):
         stage = BY_NAME[name]
         left = args.budget - (time.monotonic() - started)
@@ -174,28 +149,19 @@ def run_stages(names: list[str], out: Path, args: argparse.Namespace, env: dict,
         if no_gpu and name != "environment":
             entry = {"status": "skipped", "reason": no_gpu}
         elif allowed < (0 if args.tiny else stage.minimum) or allowed <= 0:
-            why = (
-                f"the {args.budget:.0f}-second budget was spent before it"
-                if left <= 0
-                else f"{left:.0f} s of the {args.budget:.0f}-second budget left, {left - allowed:.0f} s of "
-                "them kept for the stages after it"
-            )
+            why = f"the {args.budget:.0f}-second budget was spent before it"
+            if left > 0:
+                why = f"{left:.0f} s of the {args.budget:.0f}-second budget left, {left - allowed:.0f} s "
+                why += "of them kept for the stages after it"
             entry = {"status": "skipped", "reason": f"{why}; run it alone with --stages {name}"}
         else:  # recorded first, so that a run killed from outside leaves a report naming the stage
             report["stages"][name] = {"status": "running", "cap_s": round(allowed), "started": now()}
             write_report(out, report)
-            entry = run_child(stage, allowed, out, args, env)
+            entry = run_stage(stage, allowed, out, args, env)
         report["stages"][name] = entry
         print(f"{name}: {entry['status']}" + (f" ({entry['reason']})" if entry.get("reason") else ""))
-        if (
-            name == "environment"
-            and entry["status"] == "ok"
-            and not args.tiny
-            and not entry["figures"]["cuda"]
-        ):
-            no_gpu = (
-                "no CUDA GPU here (torch.cuda.is_available() is False); --tiny runs the stages on the CPU"
-            )
+        if name == "environment" and entry["status"] == "ok" and not (args.tiny or entry["figures"]["cuda"]):
+            no_gpu = "no CUDA GPU here (torch.cuda.is_available() is False); --tiny runs them on the CPU"
         report["seconds"] = round(time.monotonic() - started, 1)
         write_report(out, report)
 
@@ -203,43 +169,30 @@ def run_stages(names: list[str], out: Path, args: argparse.Namespace, env: dict,
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out", type=Path, help="folder for report.md, report.json, logs/ and work/")
-    p.add_argument(
-        "--tiny", action="store_true", help="tiny shapes and durations, on the CPU: tests the harness"
-    )
+    p.add_argument("--tiny", action="store_true", help="tiny shapes and durations, on the CPU")
     p.add_argument("--budget", type=float, help="seconds for all the stages (default 540; --tiny 900)")
     p.add_argument("--stages", help=f"comma-separated, in this order: {','.join(BY_NAME)} (default: all)")
-    p.add_argument(
-        "--data", type=Path, help="the demo's data: a work directory of `nmt preprocess multi30k-en-de`"
-    )
-    p.add_argument(
-        "--mirror", default=os.environ.get("NMT_DATA_MIRROR"), help="raw Multi30k files for the demo"
-    )
+    p.add_argument("--data", type=Path, help="the demo's data: a work directory of `nmt preprocess`")
+    p.add_argument("--mirror", default=os.environ.get("NMT_DATA_MIRROR"), help="the demo's raw Multi30k")
     p.add_argument("--demo-minutes", type=float, default=DEMO_MINUTES, help="the demo's training time")
     p.add_argument("--wheels", type=Path, help="install these carried wheels (pytest, ctranslate2) first")
-    p.add_argument("--work", type=Path, help="the stages' work, about 1 GB of checkpoints (default OUT/work)")
-    p.add_argument("--stage", help=argparse.SUPPRESS)  # in a child: run this one stage
-    p.add_argument("--seconds", type=float, default=0.0, help=argparse.SUPPRESS)  # the child's allowance
+    p.add_argument("--work", type=Path, help="the stages' work, about 1 GB (default OUT/work)")
+    p.add_argument("--environment", action="store_true", help=argparse.SUPPRESS)  # a child: the probe
     return p
 
 
 def now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
 
 
 def child_env(out: Path, args: argparse.Namespace, report: dict) -> dict:
     """The children's environment: the source tree (and carried wheels) first on the path."""
     paths = [str(ROOT)]
     if args.wheels:
-        site, note = install_wheels(args.wheels, out / "site-packages")
-        report["wheels"] = note
-        if site:
-            paths.insert(0, str(site))
-    old = os.environ.get("PYTHONPATH")
-    return {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(paths + ([old] if old else [])),
-        "PYTHONUNBUFFERED": "1",
-    }
+        site, report["wheels"] = install_wheels(args.wheels, out / "site-packages")
+        paths = [str(site), *paths] if site else paths
+    paths += [os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "PYTHONUNBUFFERED": "1"}
 
 
 def install_wheels(folder: Path, target: Path) -> tuple[Path | None, str]:
@@ -262,86 +215,49 @@ def install_wheels(folder: Path, target: Path) -> tuple[Path | None, str]:
     return target, f"unpacked {', '.join(w.name.split('-')[0] for w in wheels)} from {folder}"
 
 
-def run_child(stage: Stage, seconds: float, out: Path, args: argparse.Namespace, env: dict) -> dict:
-    """Run one stage in its own process group, killed (with whatever it started) after `seconds`."""
-    result = out / "stages" / f"{stage.name}.json"
-    result.unlink(missing_ok=True)
-    log = out / "logs" / f"{stage.name}.log"
-    cmd = [sys.executable, str(Path(__file__).resolve()), str(out), "--stage", stage.name]
-    cmd += [f"--seconds={seconds:.0f}", f"--demo-minutes={args.demo_minutes}"]
-    cmd += ["--tiny"] if args.tiny else []
-    cmd += [f"--data={args.data.resolve()}"] if args.data else []
-    cmd += [f"--work={args.work.resolve()}"] if args.work else []
-    if args.mirror:  # a local folder named relative to where the command was run, or a URL
-        local = Path(args.mirror)
-        cmd.append(f"--mirror={local.resolve() if local.exists() else args.mirror}")
+def run_stage(stage: Stage, seconds: float, out: Path, args: argparse.Namespace, env: dict) -> dict:
+    """The stage's command in its own process group, killed (with whatever it started) after `seconds`;
+    then what it printed or wrote, read back (the tests that ended, also from a run cut short)."""
+    kind = stage.name.split("-")[0]
+    work = (args.work or out / "work").resolve() / stage.name
+    work.mkdir(parents=True, exist_ok=True)
+    job = COMMANDS[kind](stage.name, args, work, seconds)
+    if "cmd" not in job:  # nothing to run: skipped, with the reason
+        return job
+    log, stdout = out / "logs" / f"{stage.name}.log", out / "stages" / f"{stage.name}.out"
     start = time.monotonic()
-    with open(log, "w") as f:
+    with open(log, "w") as err, open(stdout, "w") as result:
+        print("$", shlex.join(job["cmd"]), file=err, flush=True)
         proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
+            job["cmd"], cwd=ROOT, env=env, stdout=result, stderr=err, start_new_session=True
         )
         try:
             status = proc.wait(timeout=seconds)
-            reason = None if status == 0 else f"exit status {status}"
         except subprocess.TimeoutExpired:
-            reason = f"timed out after {seconds:.0f} s (its cap within the budget)"
+            status = None
         finally:  # on a timeout, and when this process is stopped: nothing may keep the GPU after it
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-    entry = {
-        "seconds": round(time.monotonic() - start, 1),
-        "cap_s": round(seconds),
-        "log": f"logs/{log.name}",
-    }
-    if result.exists():  # also when it failed: what it got done (the tests that ran, say)
-        entry.update(json.loads(result.read_text()))
-    if reason is not None or not result.exists():
-        entry.update(status="failed", reason=reason or "it wrote no result")
+    entry = {"seconds": round(time.monotonic() - start, 1), "cap_s": round(seconds)}
+    entry.update(log=f"logs/{log.name}", command=shlex.join(job["cmd"]), notes=job.get("notes", []))
+    try:
+        if status == 0 or kind == "tests":
+            entry.update(READERS[kind](stdout.read_text(errors="replace"), work, status, job))
+    except (OSError, ValueError, KeyError) as e:
+        entry.update(status="failed", reason=f"its output could not be read ({type(e).__name__}: {e})"[:400])
+    if status is None:
+        entry.update(status="failed", reason=f"timed out after {seconds:.0f} s (its cap within the budget)")
+    elif status and kind != "tests":
+        entry.update(status="failed", reason=f"exit status {status}")
     if entry["status"] == "failed":
-        entry["log_tail"] = log.read_text(errors="replace").splitlines()[-25:]
+        text = log.read_text(errors="replace") + stdout.read_text(errors="replace")
+        entry["log_tail"] = text.splitlines()[-25:]
     return entry
 
 
 # ---------------------------------------------------------------------------------------------------------
-# A child: one stage
-
-
-def run_stage(args: argparse.Namespace) -> int:
-    """Run one stage and write its result; an exception is a failed stage with its message."""
-    out = args.out.resolve()
-    work = (args.work or out / "work").resolve() / args.stage
-    work.mkdir(parents=True, exist_ok=True)
-    stage = {
-        "environment": stage_environment,
-        "tests": stage_tests,
-        "train-base-eager": lambda a, w: stage_train(a, w, "wmt14-en-de-base", compiled=False),
-        "train-base-compiled": lambda a, w: stage_train(a, w, "wmt14-en-de-base", compiled=True),
-        "train-big-eager": lambda a, w: stage_train(a, w, "wmt14-en-de-big", compiled=False),
-        "train-big-compiled": lambda a, w: stage_train(a, w, "wmt14-en-de-big", compiled=True),
-        "decode": stage_decode,
-        "demo": stage_demo,
-    }[args.stage]
-    try:
-        result = stage(args, work)
-    except Exception as e:
-        import traceback
-
-        traceback.print_exc()
-        result = {"status": "failed", "reason": f"{type(e).__name__}: {str(e).strip()[:400]}"}
-    write_result(args, result)
-    return 0
-
-
-def write_result(args: argparse.Namespace, result: dict) -> None:
-    """The stage's result for the parent (also a partial one, while the stage runs)."""
-    path = args.out.resolve() / "stages" / f"{args.stage}.json"
-    path.with_suffix(".part").write_text(json.dumps(result, indent=1) + "\n")
-    path.with_suffix(".part").replace(path)  # never half a file, whenever the stage is killed
-
-
-def device_name(args: argparse.Namespace) -> str:
-    return "cpu" if args.tiny else "cuda"
+# Each stage's command, and its output read back
 
 
 def version(module: str) -> str | None:
@@ -355,82 +271,54 @@ def version(module: str) -> str | None:
 
 
 def importable(module: str) -> bool:
-    found = version(module)
-    return found is not None and not found.startswith("broken")
+    return not (version(module) or "broken").startswith("broken")
 
 
-def stage_environment(args: argparse.Namespace, work: Path) -> dict:
+def environment() -> dict:
     import torch
 
-    f = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cuda_runtime": torch.version.cuda,
-        "cuda": torch.cuda.is_available(),
-        "cpu": machine("cpu"),
-        "cpu_count": os.cpu_count(),
-        "packages": {m: version(m) for m in OPTIONAL},
-        "c_compiler": shutil.which("cc") or shutil.which("gcc"),
-    }
+    f = {"python": platform.python_version(), "torch": torch.__version__, "cuda_runtime": torch.version.cuda}
+    f.update(cuda=torch.cuda.is_available(), cpu=import_benchmark("common").machine_name("cpu"))
+    f.update(cpu_count=os.cpu_count(), packages={m: version(m) for m in OPTIONAL})
+    f.update(c_compiler=shutil.which("cc") or shutil.which("gcc"))
     if f["cuda"]:
         props = torch.cuda.get_device_properties(0)
-        f.update(
-            gpu=props.name,
-            gpus=torch.cuda.device_count(),
-            capability=f"{props.major}.{props.minor}",
-            gpu_memory_gib=round(props.total_memory / GIB, 1),
-            bf16=torch.cuda.is_bf16_supported(),
-            cudnn=torch.backends.cudnn.version(),
-            nccl=nccl_version(),
-        )
-    return {"status": "ok", "figures": f}
+        f.update(gpu=props.name, gpus=torch.cuda.device_count(), capability=f"{props.major}.{props.minor}")
+        f.update(gpu_memory_gib=round(props.total_memory / 2**30, 1), bf16=torch.cuda.is_bf16_supported())
+        f.update(cudnn=torch.backends.cudnn.version())
+    return f
 
 
-def nccl_version() -> str | None:
-    import torch
-
-    try:
-        v = torch.cuda.nccl.version()  # a tuple in recent torch, an int in older ones
-    except Exception as e:  # NCCL absent from this build
-        return f"unavailable: {type(e).__name__}"
-    return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+def environment_command(name: str, args, work: Path, seconds: float) -> dict:
+    return {"cmd": [sys.executable, str(Path(__file__).resolve()), str(args.out), "--environment"]}
 
 
-def machine(device: str) -> str:
-    return import_benchmark("common").machine_name(device)
-
-
-def stage_tests(args: argparse.Namespace, work: Path) -> dict:
-    """`pytest -m gpu tests`; every test's outcome from the JUnit XML."""
+def tests_command(name: str, args, work: Path, seconds: float) -> dict:
     if not importable("pytest"):
-        return {
-            "status": "skipped",
-            "reason": "pytest is not importable: no GPU test ran (carry its wheels and pass --wheels DIR)",
-        }
-    xml = work / "junit.xml"
-    xml.unlink(missing_ok=True)
+        reason = "pytest is not importable: no GPU test ran (carry its wheels and pass --wheels DIR)"
+        return {"status": "skipped", "reason": reason}
+    (work / "junit.xml").unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "tests", "-v", "-rA", "-p", "no:cacheprovider"]
-    cmd += ["--continue-on-collection-errors", f"--junitxml={xml}", f"--basetemp={work / 'tmp'}"]
-    print("$", shlex.join(cmd), flush=True)
-    # The outcomes so far are written as each test ends: a run stopped at its cap still reports them.
-    seen: list[dict] = []
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        sys.stdout.write(line)
-        sys.stdout.flush()
-        ended = VERBOSE_OUTCOME.match(line)
-        if ended:
-            name = ended[1].removeprefix("tests/").replace(".py::", "::", 1)
-            seen.append({"test": name, "outcome": ended[2].lower(), "message": "", "seconds": None})
-            write_result(args, test_result(seen, None, "incomplete: pytest was still running"))
-    status = proc.wait()
-    if not xml.exists():
-        return test_result(seen, status, f"pytest exited with status {status} and wrote no report")
-    return test_result(junit_outcomes(xml), status)
+    cmd += [
+        "--continue-on-collection-errors",
+        f"--junitxml={work / 'junit.xml'}",
+        f"--basetemp={work / 'tmp'}",
+    ]
+    return {"cmd": cmd}
 
 
 VERBOSE_OUTCOME = re.compile(r"^(tests/\S+::\S+) (PASSED|FAILED|SKIPPED|ERROR)\b")
+
+
+def tests_result(stdout: str, work: Path, status: int | None, job: dict) -> dict:
+    """Every test's outcome from pytest's JUnit XML; from its verbose lines when it was cut short."""
+    if (work / "junit.xml").exists():
+        return test_result(junit_outcomes(work / "junit.xml"), status)
+    seen = []
+    for m in filter(None, map(VERBOSE_OUTCOME.match, stdout.splitlines())):
+        name = m[1].removeprefix("tests/").replace(".py::", "::", 1)
+        seen.append({"test": name, "outcome": m[2].lower(), "message": "", "seconds": None})
+    return test_result(seen, status, "incomplete: pytest wrote no report")
 
 
 def test_result(tests: list[dict], exit_status: int | None, problem: str | None = None) -> dict:
@@ -441,11 +329,8 @@ def test_result(tests: list[dict], exit_status: int | None, problem: str | None 
     reason = problem or (f"{bad} of {len(tests)} tests failed" if bad else None)
     if not ok and reason is None:
         reason = f"pytest exited with status {exit_status}"
-    return {
-        "status": "ok" if ok else "failed",
-        "reason": reason,
-        "figures": {"counts": counts, "tests": tests, "exit_status": exit_status},
-    }
+    figures = {"counts": counts, "tests": tests, "exit_status": exit_status}
+    return {"status": "ok" if ok else "failed", "reason": reason, "figures": figures}
 
 
 def junit_outcomes(path: Path) -> list[dict]:
@@ -453,11 +338,9 @@ def junit_outcomes(path: Path) -> list[dict]:
     tests = []
     for case in ET.parse(path).getroot().iter("testcase"):
         outcome, message = "passed", ""
-        for kind in ("failure", "error", "skipped"):
-            found = case.find(kind)
-            if found is not None:
-                outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[kind]
-                message = (found.get("message") or found.text or "").strip()
+        for kind, word in (("failure", "failed"), ("error", "error"), ("skipped", "skipped")):
+            if (found := case.find(kind)) is not None:
+                outcome, message = word, (found.get("message") or found.text or "").strip()
                 break
         name = f"{case.get('classname', '')}::{case.get('name', '')}".removeprefix("tests.")
         tests.append(
@@ -473,174 +356,46 @@ def import_benchmark(name: str):
     return importlib.import_module(name)
 
 
-def stage_train(args: argparse.Namespace, work: Path, recipe: str, compiled: bool) -> dict:
-    """benchmarks/train_throughput.py's measurement of one recipe, bf16, eager or compiled."""
-    tt = import_benchmark("train_throughput")
-    argv = [
-        f"--device={device_name(args)}",
-        "--set=train.precision=bf16",
-        f"--set=train.compile={str(compiled).lower()}",
-    ]
-    notes = []
+def script(name: str, eager_compile: bool = False) -> list[str]:
+    path = str(BENCHMARKS / f"{name}.py")
+    return [sys.executable, "-c", EAGER_COMPILE, path] if eager_compile else [sys.executable, path]
+
+
+def train_command(name: str, args, work: Path, seconds: float) -> dict:
+    """benchmarks/train_throughput.py on one recipe, bf16, eager or compiled."""
+    _, size, mode = name.split("-")
+    compiled = mode == "compiled"
+    argv = ["--json", "--set=train.precision=bf16", f"--set=train.compile={str(compiled).lower()}"]
     if args.tiny:
-        argv += [*(f"--set={s}" for s in TINY_TRAIN), "--updates=2", "--warmup-updates=1", "--windows=2"]
-        argv += ["--matmul-size=128"]
-        if compiled:
-            import functools
-
-            import torch
-
-            # Inductor's code generation takes minutes on a busy CPU and --tiny only proves the harness:
-            # dynamo captures the graphs, its eager backend runs them.
-            torch.compile = functools.partial(torch.compile, backend="eager")
-            notes.append("--tiny: torch.compile with backend='eager' (graph capture, no code generation)")
-    else:
-        # Compiling a dynamic-shape graph recompiles on the first shapes it meets: more warm-up updates.
-        argv += ["--updates=12", f"--warmup-updates={5 if compiled else 3}", "--windows=3"]
-    _, r = tt.run(recipe, tt.parser().parse_args(argv), tt.WMT_LENGTHS)
-    figures = {
-        key: r[key]
-        for key in (
-            "device",
-            "dtype",
-            "parameters",
-            "batch_tokens",
-            "accumulation",
-            "updates",
-            "target_tokens_per_s",
-            "target_tokens_per_update",
-            "padding_fraction",
-            "peak_memory_bytes",
-            "peak_memory_kind",
-            "model_flops_per_s",
-            "matmul",
-            "matmul_flops_per_s",
-            "mfu",
-            "end_to_end_target_tokens_per_s",
-            "end_to_end_data_wait",
-        )
-    }
-    # The issue's definition: the 6N rule of thumb (2N forward, 4N backward FLOPs per token).
-    figures["mfu_6n"] = 6 * r["parameters"] * r["target_tokens_per_s"] / r["matmul_flops_per_s"]
-    figures.update(
-        recipe=recipe,
-        mode="compiled" if compiled else "eager",
-        command=shlex.join(["python", "benchmarks/train_throughput.py", recipe, *argv]),
-    )
-    return {"status": "ok", "figures": figures, "notes": notes}
+        argv += ["--device=cpu", *(f"--set={s}" for s in TINY_TRAIN), "--updates=2", "--warmup-updates=1"]
+        argv += ["--windows=2", "--matmul-size=128"]
+    else:  # compiling a dynamic-shape graph recompiles on the first shapes it meets: more warm-up
+        argv += ["--device=cuda", "--updates=12", f"--warmup-updates={5 if compiled else 3}", "--windows=3"]
+    tiny_compiled = args.tiny and compiled
+    notes = ["--tiny: torch.compile on the eager backend (graph capture, no code generation)"][:tiny_compiled]
+    return {"cmd": [*script("train_throughput", tiny_compiled), f"wmt14-en-de-{size}", *argv], "notes": notes}
 
 
-def stage_decode(args: argparse.Namespace, work: Path) -> dict:
-    """benchmarks/translate_speed.py's engines on one exported checkpoint of the base model's shape."""
-    import dataclasses
-    import random
+def train_result(stdout: str, work: Path, status: int | None, job: dict) -> dict:
+    r = json.loads(stdout)
+    # The issue's definition of MFU: the 6N rule of thumb (2N forward, 4N backward FLOPs per token).
+    r["mfu_6n"] = 6 * r["parameters"] * r["target_tokens_per_s"] / r["matmul_flops_per_s"]
+    r["mode"] = "compiled" if "--set=train.compile=true" in job["cmd"] else "eager"
+    return {"status": "ok", "figures": r}
 
-    ts = import_benchmark("translate_speed")
-    device = device_name(args)
+
+def decode_command(name: str, args, work: Path, seconds: float) -> dict:
+    """benchmarks/translate_speed.py on random weights of the base model: its GPU engines (nmt bf16,
+    CTranslate2 float16 and bfloat16), or with --tiny its CPU ones."""
+    argv = ["--json", "--recipe"]
     if args.tiny:
-        checkpoint = random_checkpoint(work, "multi30k-en-de", TINY_MODEL, vocab=200)
-        n_lines, repeats, latency, threads = 16, 1, 2, 1
+        argv += ["multi30k-en-de", *(f"--set={s}" for s in [*TINY_MODEL, "data.vocab_size=200"])]
+        argv += ["--device=cpu", "--lines=16", "--repeats=1", "--latency-lines=2", "--threads=1"]
     else:
-        checkpoint = random_checkpoint(work, "wmt14-en-de-base", [], vocab=37000)
-        n_lines, repeats, latency, threads = 300, 3, 30, min(8, os.cpu_count() or 1)
-    from nmt.checkpoint import load_checkpoint
-
-    ckpt = load_checkpoint(checkpoint)
-    # Random weights almost never emit EOS: every output runs to one fixed length, the same work for all.
-    decode = dataclasses.replace(ckpt.config.decode, beam=4, nbest=1, max_len_a=0.0, max_len_b=30)
-    lines = synthetic_lines(work, n_lines)
-    engines = ts.CPU_ENGINES if device == "cpu" else ts.GPU_ENGINES
-    nmt_only = [e for e in engines if e[0] == "nmt"]  # the rows that need no CTranslate2
-    notes = []
-    ct2_dir = work / "ct2"
-    if importable("ctranslate2"):
-        from nmt.formats.export import export
-
-        shutil.rmtree(ct2_dir, ignore_errors=True)
-        try:
-            export(checkpoint, ct2_dir)
-        except Exception as e:
-            notes.append(f"CTranslate2 rows skipped: the export failed ({type(e).__name__}: {e})"[:400])
-            engines = nmt_only
-    else:
-        notes.append(
-            "CTranslate2 rows skipped: ctranslate2 is not importable "
-            f"({version('ctranslate2') or 'not installed'})"
-        )
-        engines = nmt_only
-    job = {
-        "checkpoint": str(checkpoint),
-        "ct2_dir": str(ct2_dir),
-        "decode": dataclasses.asdict(decode),
-        "device": device,
-        "threads": threads,
-        "lines": lines,
-        "latency_lines": random.Random(3).sample(lines, latency),
-    }
-    try:
-        results = ts.measure(job, engines, repeats)
-    except (Exception, SystemExit) as e:  # a CTranslate2 worker that dies must not take nmt's row along
-        if engines == nmt_only:
-            raise
-        notes.append(f"CTranslate2 rows failed ({type(e).__name__}: {e}); nmt measured alone")
-        results = ts.measure(job, nmt_only, repeats)
-    rows = [
-        {
-            "engine": r.name,
-            "target_tokens_per_s": r.tokens_per_s,
-            "sentences_per_s": r.sentences_per_s,
-            "nmt_time_over_engine_time": sorted(r.ratios)[len(r.ratios) // 2],
-            "latency_ms": r.latency_ms,
-            "rss_peak_bytes": r.rss_peak,
-        }
-        for r in results
-    ]
-    params = sum(v.numel() for v in ckpt.model_state.values())
-    m = ckpt.config.model
-    about = (
-        f"{m.encoder_layers}+{m.decoder_layers} layers, d_model {m.d_model}, vocabulary {ckpt.vocab_size}, "
-        f"{params:,} parameters, random weights; {len(lines)} sentences, beam 4, every output 30 subwords, "
-        f"batch budget {decode.batch_tokens} tokens, timed passes: {repeats} (round-robin), "
-        f"CPU threads: {threads}"
-    )
-    return {
-        "status": "ok",
-        "figures": {"rows": rows, "about": about, "device": machine(device)},
-        "notes": notes,
-    }
-
-
-def random_checkpoint(work: Path, recipe: str, overrides: list[str], vocab: int) -> Path:
-    """A checkpoint of the recipe's model with random weights and a word-level SentencePiece model of
-    `vocab` made-up words (a word model trains in seconds where a 37,000-piece BPE model would not)."""
-    from nmt.config import load_config
-
-    common = import_benchmark("common")
-    cfg = load_config(recipe, [*overrides, f"data.vocab_size={vocab}"])
-    words = common.make_words("en", vocab, seed=1)
-    subword = common.train_spm(
-        [" ".join(words[i : i + 20]) for i in range(0, len(words), 20)],
-        work / "spm",
-        vocab,
-        model_type="word",
-        hard_vocab_limit=False,  # at most `vocab`: four of the words give way to the special ids
-        max_sentencepiece_length=64,  # no word is left out for its length
-    )
-    (work / "words.txt").write_text("\n".join(words) + "\n")
-    return common.save_random_model(work / "random.pt", cfg, subword)
-
-
-def synthetic_lines(work: Path, n: int) -> list[str]:
-    """n sentences of random_checkpoint's words, Zipf-distributed, with newstest2014's words per sentence
-    (no capitals or full stops, which a word model would take for other words)."""
-    import torch
-
-    common = import_benchmark("common")
-    words = (work / "words.txt").read_text().split()
-    g = torch.Generator().manual_seed(2)
-    lengths = common.NEWSTEST_WORDS.sources(n, g).tolist()
-    ids = iter(common.Zipf(len(words)).draw(sum(lengths), g).tolist())
-    return [" ".join(words[next(ids)] for _ in range(k)) for k in lengths]
+        argv += ["wmt14-en-de-base", "--device=cuda", "--lines=300", "--repeats=3", "--latency-lines=30"]
+        argv += [f"--threads={min(8, os.cpu_count() or 1)}"]
+    why = f"ctranslate2 is not importable ({version('ctranslate2') or 'not installed'})"
+    return {"cmd": [*script("translate_speed"), *argv], "notes": [] if importable("ctranslate2") else [why]}
 
 
 def demo_data(path: Path) -> Path | None:
@@ -651,86 +406,54 @@ def demo_data(path: Path) -> Path | None:
     return None
 
 
-def stage_demo(args: argparse.Namespace, work: Path) -> dict:
-    """multi30k-en-de on the device for --demo-minutes (or what the budget leaves), then BLEU."""
-    from rich.console import Console
-
-    from nmt.config import DecodeOverrides, load_config
-    from nmt.data.preprocess import preprocess
-    from nmt.pipeline import average_last, training_summary, translate_test_set
-    from nmt.score import corpus_scores, read_lines
-    from nmt.train import train
-    from nmt.translate import build_translator
-
+def demo_command(name: str, args, work: Path, seconds: float) -> dict:
+    """`nmt run multi30k-en-de` on the device for --demo-minutes of training (or what the budget leaves)."""
     data = demo_data(args.data) if args.data else None
     if data is None and not args.mirror:
-        return {
-            "status": "skipped",
-            "reason": "no Multi30k data: pass --data WORKDIR (preprocessed) or --mirror / NMT_DATA_MIRROR "
-            "(the raw files)",
-        }
-    overhead = DEMO_OVERHEAD + (0 if data else DEMO_PREPROCESS)
-    minutes = args.demo_minutes
-    notes = []
+        why = "no Multi30k data: pass --data WORKDIR (preprocessed) or --mirror / NMT_DATA_MIRROR (raw files)"
+        return {"status": "skipped", "reason": why}
+    minutes, notes = (0.05 if args.tiny else args.demo_minutes), []
+    left = (seconds - DEMO_OVERHEAD - (0 if data else DEMO_PREPROCESS)) / 60
+    if not args.tiny and left < minutes:
+        minutes = round(max(0.5, left), 2)
+        notes.append(f"trained {minutes} of {args.demo_minutes} minutes, what the budget left")
+    overrides = [f"train.device={'cpu' if args.tiny else 'cuda'}", f"train.max_minutes={minutes}"]
     if args.tiny:
-        minutes = 0.05
-    elif args.seconds and (args.seconds - overhead) / 60 < minutes:
-        minutes = round(max(0.5, (args.seconds - overhead) / 60), 2)
-        notes.append(
-            f"trained {minutes} of {args.demo_minutes} minutes, what the budget left; `--stages demo` "
-            "alone trains them all"
-        )
-    device = device_name(args)
-    overrides = [f"train.device={device}", f"train.max_minutes={minutes}"]
-    if args.tiny:
-        overrides += [
-            *TINY_MODEL,
-            "train.batch_tokens=512",
-            "train.update_tokens=512",
-            "train.valid_bleu=false",
-        ]
-        overrides += ["train.save_every=5", "train.log_every=5"]
-    cfg = load_config("multi30k-en-de", overrides)
-    # A fresh run each time: train() would resume from checkpoints left by an earlier one.
-    for old in ("checkpoints", "translations"):
+        overrides += [*TINY_MODEL, "train.batch_tokens=512", "train.update_tokens=512"]
+        overrides += ["train.valid_bleu=false", "train.save_every=5", "train.log_every=5"]
+    # A fresh run each time, or `nmt run` would continue an earlier check's; data given by --data is
+    # copied, so that nothing is ever preprocessed into it.
+    for old in ("checkpoints", "translations", *(["data"] if data else [])):
         shutil.rmtree(work / old, ignore_errors=True)
-    for old in ("metrics.jsonl", "train.log"):
+    for old in ("metrics.jsonl", "train.log", "results.json", "results.md"):
         (work / old).unlink(missing_ok=True)
-    if (work / "data").is_symlink():  # given by an earlier --data: never preprocess into it
-        (work / "data").unlink()
-    console = Console(stderr=True, width=120)
-    figures: dict = {"recipe": "multi30k-en-de", "overrides": overrides, "device": machine(device)}
-    if data is not None:
-        shutil.rmtree(work / "data", ignore_errors=True)
-        (work / "data").symlink_to(data)
-        figures["data"] = str(data)
-    else:
-        start = time.monotonic()
-        preprocess(cfg, work, mirror=args.mirror, console=console)
-        figures["preprocess_s"] = round(time.monotonic() - start, 1)
-        figures["data"] = f"preprocessed from {args.mirror}"
-    start = time.monotonic()
-    train(cfg, work, console=console)
-    figures["train_s"] = round(time.monotonic() - start, 1)
-    figures["training"] = training_summary(work)
-    model = average_last(cfg, work / "checkpoints", console)
-    translator = build_translator(model, DecodeOverrides(), device, "auto", "torch", console).translator
-    figures["tests"] = {}
-    for corpus in cfg.data.test:
-        speed = translate_test_set(cfg, work, corpus.name, translator, model, console)
-        hyp = read_lines(work / "translations" / f"{corpus.name}.{cfg.data.tgt_lang}")
-        ref = read_lines(work / "data" / "test" / f"{corpus.name}.{cfg.data.tgt_lang}")
-        bleu = corpus_scores(hyp, [ref], ("bleu",))["bleu"]
-        figures["tests"][corpus.name] = {
-            "bleu": round(bleu.score, 2),
-            "signature": bleu.signature,
-            "speed": speed,
-        }
-    return {"status": "ok", "figures": figures, "notes": notes}
+    cmd = [sys.executable, "-m", "nmt", "run", "multi30k-en-de", "--workdir", str(work)]
+    cmd += [a for s in overrides for a in ("--set", s)]
+    if data:
+        shutil.copytree(data, work / "data")
+    else:  # a local folder named relative to where the command was run, or a URL
+        cmd += ["--mirror", str(Path(args.mirror).resolve()) if Path(args.mirror).exists() else args.mirror]
+    return {"cmd": cmd, "notes": notes, "data": str(data) if data else f"preprocessed from {args.mirror}"}
+
+
+def demo_result(stdout: str, work: Path, status: int | None, job: dict) -> dict:
+    figures = json.loads((work / "results.json").read_text())
+    figures.update(data=job["data"], results_md=(work / "results.md").read_text())
+    return {"status": "ok", "figures": figures}
+
+
+def json_result(stdout: str, work: Path, status: int | None, job: dict) -> dict:
+    return {"status": "ok", "figures": json.loads(stdout)}
+
+
+COMMANDS = dict(environment=environment_command, tests=tests_command, train=train_command)
+COMMANDS.update(decode=decode_command, demo=demo_command)
+READERS = dict(environment=json_result, tests=tests_result, train=train_result, decode=json_result)
+READERS.update(demo=demo_result)
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The report
+# The report: the targets, the tests' outcomes, and what each script prints
 
 
 def write_report(out: Path, report: dict) -> None:
@@ -739,48 +462,64 @@ def write_report(out: Path, report: dict) -> None:
 
 
 def report_markdown(report: dict) -> str:
-    stages = report["stages"]
+    stages, tt, ts = (
+        report["stages"],
+        import_benchmark("train_throughput"),
+        import_benchmark("translate_speed"),
+    )
     env = stages.get("environment", {}).get("figures", {})
-    where = env.get("gpu") or env.get("cpu") or "device not probed"
-    lines = [f"# {report['title']}: {where}", ""]
+    lines = [f"# {report['title']}: {env.get('gpu') or env.get('cpu') or 'device not probed'}", ""]
     lines += [
         f"- started {report['started']}"
         + (f", finished {report['finished']}" if "finished" in report else "")
     ]
     lines += [f"- command: `{report['command']}`"]
     if env:
-        pk = env.get("packages", {})
-        lines.append(
-            f"- python {env.get('python')}, torch {env.get('torch')} (CUDA {env.get('cuda_runtime')}), "
-            + ", ".join(f"{k} {v or 'not importable'}" for k, v in pk.items())
-            + f", C compiler {env.get('c_compiler') or 'none'}"
-        )
-        if env.get("gpu"):
-            lines.append(
-                f"- {env['gpus']} x {env['gpu']} (compute {env['capability']}, {env['gpu_memory_gib']} GiB, "
-                f"bf16 {'yes' if env['bf16'] else 'no'}), host CPU {env.get('cpu')} x {env.get('cpu_count')}"
-            )
-    if report.get("wheels"):
-        lines.append(f"- wheels: {report['wheels']}")
-    lines.append(f"- {report.get('seconds', 0):.0f} s of a {report['budget_s']:.0f}-second budget")
-    lines += ["", "| stage | status | seconds | note |", "| --- | --- | --- | --- |"]
-    for name in BY_NAME:
-        if name in stages:
-            e = stages[name]
-            note = "; ".join(filter(None, [e.get("reason"), *e.get("notes", [])]))
-            lines.append(f"| {name} | {e['status']} | {e.get('seconds', '')} | {note} |")
-    lines += targets_section(stages, report["tiny"])
-    lines += tests_section(stages.get("tests"))
-    lines += train_section(stages)
-    lines += decode_section(stages.get("decode"))
-    lines += demo_section(stages.get("demo"))
+        lines += [f"- python {env['python']}, torch {env['torch']}, CUDA {env['cuda_runtime']}"]
+        lines += ["- " + ", ".join(f"{k} {v or 'not importable'}" for k, v in env["packages"].items())]
+        lines += [f"- host CPU {env['cpu']} x {env['cpu_count']}, C compiler {env['c_compiler']}"]
+    if env.get("gpu"):
+        lines += [f"- {env['gpus']} x {env['gpu']}, compute {env['capability']}, {env['gpu_memory_gib']} GiB"]
+        lines += [f"- bf16: {'yes' if env['bf16'] else 'no'}"]
+    lines += [f"- wheels: {report['wheels']}"] if report.get("wheels") else []
+    lines += [f"- {report.get('seconds', 0):.0f} s of a {report['budget_s']:.0f}-second budget", ""]
+    notes = {n: "; ".join(filter(None, [e.get("reason"), *e.get("notes", [])])) for n, e in stages.items()}
+    rows = [[n, e["status"], str(e.get("seconds", "")), notes[n]] for n, e in stages.items()]
+    lines += [*table(["stage", "status", "seconds", "note"], rows), *targets_section(stages, report["tiny"])]
+    if f := stages.get("tests", {}).get("figures"):
+        counts = ", ".join(f"{v} {k}" for k, v in f["counts"].items())
+        lines += ["", "## Tests (`pytest -m gpu tests`)", "", counts, ""]
+        rows = [
+            [t["test"], t["outcome"], str(t["seconds"]), " ".join(t["message"].split())] for t in f["tests"]
+        ]
+        lines += table(["test", "outcome", "seconds", "message"], [[*r[:3], r[3][:200]] for r in rows])
+    for name in (n for n in BY_NAME if n.startswith("train-") and figures(stages, n)):
+        f, command = figures(stages, name), stages[name]["command"].split("benchmarks/", 1)[-1]
+        lines += ["", f"## {name}: `{command}`", "", "```", *tt.report_lines(f["recipe"], f)]
+        lines += [f"{'MFU (6N)':20} {f['mfu_6n']:.1%}", "```"]
+    if f := figures(stages, "decode"):
+        lines += ["", f"## decode: `{f['about']['command']}`", ""]
+        lines += [f["about"][k] for k in ("machine", "model_detail", "input")] + [""]
+        lines += table(ts.HEADER, ts.table_rows([ts.Result(**r) for r in f["rows"]]))
+    if f := figures(stages, "demo"):
+        lines += [
+            "",
+            f"## demo: `{stages['demo']['command'].split(' -m ', 1)[-1]}`",
+            "",
+            f"Data: {f['data']}",
+        ]
+        lines += ["", f["results_md"].replace("# Results", "### Results", 1)]
     failed = {n: e for n, e in stages.items() if "log_tail" in e}
-    if failed:
-        lines += ["", "## Failures", ""]
-        for name, e in failed.items():
-            tail = e["log_tail"] or ["(the log is empty)"]
-            lines += [f"{name}: {e['reason']} (end of {e['log']}):", "", "```", *tail, "```", ""]
+    lines += ["", "## Failures", ""] if failed else []
+    for name, e in failed.items():
+        tail = e["log_tail"] or ["(the log is empty)"]
+        lines += [f"{name}: {e['reason']} (end of {e['log']}):", "", "```", *tail, "```", ""]
     return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    escaped = [[cell.replace("|", "\\|") for cell in row] for row in rows]
+    return import_benchmark("common").markdown_table(header, escaped)
 
 
 def figures(stages: dict, name: str) -> dict | None:
@@ -795,24 +534,16 @@ def targets_section(stages: dict, tiny: bool) -> list[str]:
         runs = [f for m in ("compiled", "eager") if (f := figures(stages, f"train-{size}-{m}"))]
         best = max(runs, key=lambda f: f["mfu_6n"], default=None)
         got = f"{best['mfu_6n']:.1%} ({best['mode']})" if best else "not measured"
-        rows.append((f"MFU {size} >= {goal:.0%}", got, met(best and best["mfu_6n"] >= goal)))
-    waits = [
-        f["end_to_end_data_wait"]
-        for n in BY_NAME
-        if n.startswith("train-") and (f := figures(stages, n)) and f["end_to_end_data_wait"] is not None
-    ]
-    rows.append(
-        (
-            "data_wait < 1%",
-            f"at most {max(waits):.2%}" if waits else "not measured",
-            met(waits and max(waits) < 0.01),
-        )
-    )
+        rows.append([f"MFU {size} >= {goal:.0%}", got, met(best and best["mfu_6n"] >= goal)])
+    trains = [f for n in BY_NAME if n.startswith("train-") and (f := figures(stages, n))]
+    waits = [f["end_to_end_data_wait"] for f in trains if f["end_to_end_data_wait"] is not None]
+    got = f"at most {max(waits):.2%}" if waits else "not measured"
+    rows.append(["data_wait < 1%", got, met(waits and max(waits) < 0.01)])
     ratio = nmt_against_ct2(figures(stages, "decode"))
     got = f"{ratio[1]:.2f} x {ratio[0]}" if ratio else "not measured"
-    rows.append(("nmt bf16 >= 0.7 x CTranslate2 float16", got, met(ratio and ratio[1] >= 0.7)))
-    out = ["", "## Targets", "", "| target (H100) | measured | met |", "| --- | --- | --- |"]
-    return out + [f"| {a} | {b} | {'n/a (--tiny)' if tiny else c} |" for a, b, c in rows]
+    rows.append(["nmt bf16 >= 0.7 x CTranslate2 float16", got, met(ratio and ratio[1] >= 0.7)])
+    rows = [[a, b, "n/a (--tiny)" if tiny else c] for a, b, c in rows]
+    return ["", "## Targets", "", *table(["target (H100)", "measured", "met"], rows)]
 
 
 def met(ok) -> str:
@@ -821,100 +552,11 @@ def met(ok) -> str:
 
 def nmt_against_ct2(f: dict | None) -> tuple[str, float] | None:
     """(the CTranslate2 row, nmt's speed as a multiple of it): float16 on a GPU, float32 on a CPU."""
-    rows = (f or {}).get("rows", [])
-    ct2 = [r for r in rows if r["engine"].startswith("CTranslate2")]
+    ct2 = [r for r in (f or {}).get("rows", []) if r["name"].startswith("CTranslate2")]
     if not ct2:
         return None
-    ref = next(
-        (r for r in ct2 if r["engine"].endswith(("float16", "float32")) and "bfloat" not in r["engine"]),
-        ct2[0],
-    )
-    return ref["engine"], 1 / ref["nmt_time_over_engine_time"]
-
-
-def tests_section(e: dict | None) -> list[str]:
-    if not e or "figures" not in e:
-        return []
-    f = e["figures"]
-    c = f["counts"]
-    out = ["", "## Tests (`pytest -m gpu tests`)", "", ", ".join(f"{v} {k}" for k, v in c.items())]
-    out += ["", "| test | outcome | seconds | message |", "| --- | --- | --- | --- |"]
-    for t in f["tests"]:
-        message = " ".join(t["message"].split())[:200].replace("|", "\\|")
-        out.append(f"| {t['test']} | {t['outcome']} | {t['seconds']} | {message} |")
-    return out
-
-
-def train_section(stages: dict) -> list[str]:
-    runs = [(n, f) for n in BY_NAME if n.startswith("train-") and (f := figures(stages, n))]
-    if not runs:
-        return []
-    out = [
-        "",
-        "## Training throughput (bf16 autocast, per-GPU batch, synthetic WMT-length data)",
-        "",
-        "| recipe | mode | parameters | target tok/s | MFU (6N) | MFU (counted FLOPs) | matmul TFLOP/s | "
-        "peak memory GiB | data wait | end to end tok/s |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for _, f in runs:
-        e2e = f["end_to_end_target_tokens_per_s"]
-        wait = f["end_to_end_data_wait"]
-        out.append(
-            f"| {f['recipe']} | {f['mode']} | {f['parameters']:,} | {f['target_tokens_per_s']:,.0f} | "
-            f"{f['mfu_6n']:.1%} | {f['mfu']:.1%} | {f['matmul_flops_per_s'] / 1e12:,.1f} ({f['matmul']}) | "
-            f"{f['peak_memory_bytes'] / GIB:.2f} | {'n/a' if wait is None else f'{wait:.2%}'} | "
-            f"{'n/a' if e2e is None else f'{e2e:,.0f}'} |"
-        )
-    f = runs[0][1]
-    out += [
-        "",
-        f"Batches of {f['batch_tokens']:,} tokens x {f['accumulation']} per update "
-        f"({f['target_tokens_per_update']:,.0f} target tokens, {f['padding_fraction']:.1%} padding); "
-        f"{f['updates']} timed updates, median window. "
-        "MFU (6N) = 6 x parameters x target tokens/s / the matmul rate measured in the same process.",
-    ]
-    return out
-
-
-def decode_section(e: dict | None) -> list[str]:
-    if not e or e.get("status") != "ok":
-        return []
-    f = e["figures"]
-    out = ["", f"## Decoding on {f['device']}", "", f["about"], ""]
-    out += [
-        "| engine | target tok/s | sentences/s | nmt time / engine time | latency ms |",
-        "| --- | --- | --- | --- | --- |",
-    ]
-    for r in f["rows"]:
-        out.append(
-            f"| {r['engine']} | {r['target_tokens_per_s']:,.0f} | {r['sentences_per_s']:,.1f} | "
-            f"{r['nmt_time_over_engine_time']:.2f} | {r['latency_ms']:,.1f} |"
-        )
-    return out
-
-
-def demo_section(e: dict | None) -> list[str]:
-    if not e or e.get("status") != "ok":
-        return []
-    f = e["figures"]
-    t = f["training"]
-    out = ["", f"## Multi30k demo on {f['device']}", ""]
-    out.append(
-        f"- data: {f['data']}" + (f" ({f['preprocess_s']} s of preprocessing)" if "preprocess_s" in f else "")
-    )
-    out.append(f"- overrides: `{' '.join(f['overrides'])}`")
-    out.append(
-        f"- training: {t.get('updates')} updates in {f['train_s']} s, median {t.get('target_tokens_per_s')} "
-        f"target tokens/s, best validation BLEU {t.get('best_valid_bleu')}"
-    )
-    for name, r in f["tests"].items():
-        s = r["speed"]
-        out.append(
-            f"- {name}: sacreBLEU {r['bleu']} (`{r['signature']}`), translated at "
-            f"{s['sentences_per_s']} sentences/s"
-        )
-    return out
+    ref = next((r for r in ct2 if r["name"].endswith((" float16", " float32"))), ct2[0])
+    return ref["name"], 1 / statistics.median(ref["ratios"])
 
 
 if __name__ == "__main__":

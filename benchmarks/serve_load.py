@@ -1,4 +1,4 @@
-"""Load on `nmt serve`, and what a public endpoint meets: slow clients, hostile requests, SIGTERM.
+"""Load on `nmt serve`, set against `nmt translate --interactive`.
 
     python benchmarks/serve_load.py --model runs/multi30k-en-de/checkpoints/average.pt \
         --input runs/multi30k-en-de/data/test/test_2016_flickr.en --record
@@ -8,28 +8,21 @@ Starts a real `nmt serve` on 127.0.0.1 (a free port), then:
 - load: for each client count, that many threads each send one sentence per LibreTranslate request, one
   after the other, until `--requests` are answered in all (input order, cycling). Latency is from send to
   answer; requests/s is requests over the wall time of the row.
-- 200 slow clients: 200 connections each send half a request and stall; meanwhile one ordinary request is
-  timed, the server's threads counted, and after 15 s the connections the server has closed are counted.
-- hostile: one row per request a public endpoint meets (a lone surrogate among 8 good requests, a chunked
-  body, no Content-Length, Content-Length -1, another method, GET on a POST route, a one-line request sent
-  while a 10,000-line one is being translated): what the server answered and how long it took.
-- SIGTERM under load: 8 clients sending, plus an idle keep-alive connection and a stalled body; SIGTERM;
-  the seconds to exit (killed after 60 s), the exit status, and how many requests in flight got answers.
 - interactive: `nmt translate --interactive` on the same sentences, one line at a time, against which the
   one-client row of the load table is set (`--only load,interactive --clients 1`).
 
+What a public endpoint meets (slow clients, hostile requests, SIGTERM under load) is tested by
+tests/test_serve.py; this script measured it until commit 0c76fdb (its figures are in RESULTS.md).
 Loopback only; every wait is bounded.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -40,18 +33,18 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from common import machine_name, record
+import common  # benchmarks/common.py: these scripts run with benchmarks/ on sys.path
 
 SECTION = "## Serving"
 
 
 class Server:
-    """`nmt serve` in a subprocess; its log is kept so tracebacks can be counted."""
+    """`nmt serve` in a subprocess, its log kept for the message when it does not start."""
 
-    def __init__(self, model: Path, threads: int, wait_ms: float, extra: list[str]):
+    def __init__(self, model: Path, threads: int, wait_ms: float):
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
         cmd = [sys.executable, "-m", "nmt", "serve", "-m", str(model), "--port", "0", "--device", "cpu"]
-        cmd += ["--batch-wait-ms", str(wait_ms), *extra]
+        cmd += ["--batch-wait-ms", str(wait_ms)]
         self.proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
         self.log: list[str] = []
         deadline = time.monotonic() + 120
@@ -68,25 +61,13 @@ class Server:
         self.proc.kill()
         raise SystemExit("nmt serve did not start:\n" + "".join(self.log))
 
-    def threads(self) -> int:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("Threads:"):
-                return int(line.split()[1])
-        return -1
-
-    def tracebacks(self) -> int:
-        return sum("Traceback" in line for line in self.log)
-
-    def stop(self, timeout: float = 60) -> tuple[float, int | None]:
-        start = time.perf_counter()
+    def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
         try:
-            code = self.proc.wait(timeout=timeout)
+            self.proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-            code = None
-        return time.perf_counter() - start, code
 
 
 def post(url: str, body, timeout: float = 120) -> tuple[int, bytes]:
@@ -97,25 +78,6 @@ def post(url: str, body, timeout: float = 120) -> tuple[int, bytes]:
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
-
-
-def raw_exchange(port: int, request: bytes, timeout: float = 10) -> tuple[str, float]:
-    """Send raw bytes, read until the server closes or `timeout`: (status line and content type, seconds)."""
-    start = time.perf_counter()
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
-        s.sendall(request)
-        got = b""
-        try:
-            while b"\r\n\r\n" not in got and (chunk := s.recv(65536)):
-                got += chunk
-        except (TimeoutError, ConnectionError):
-            pass
-    seconds = time.perf_counter() - start
-    if not got:
-        return "no answer", seconds
-    head = got.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
-    ctype = next((h.split(":", 1)[1].strip() for h in head[1:] if h.lower().startswith("content-type")), "-")
-    return f"{head[0].split(' ', 1)[1]}, {ctype.split(';')[0]}", seconds
 
 
 def interactive(model: Path, sentences: list[str], lines: int, threads: int) -> dict:
@@ -179,154 +141,6 @@ def load(url: str, sentences: list[str], clients: int, requests: int, src: str, 
     }
 
 
-def slow_clients(server: Server, sentence: str, src: str, tgt: str, n: int = 200) -> list[str]:
-    """n connections that send half a request and stall: does an honest client still get through?"""
-    threads_before = server.threads()
-    socks = []
-    for i in range(n):
-        s = socket.create_connection(("127.0.0.1", server.port), timeout=5)
-        if i % 2:  # half the headers
-            s.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\n")
-        else:  # all the headers, half the body
-            s.sendall(b'POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"q": ')
-        socks.append(s)
-    time.sleep(1)
-    start = time.perf_counter()
-    status, _ = post(server.url, {"q": sentence, "source": src, "target": tgt}, timeout=30)
-    honest = time.perf_counter() - start
-    threads = server.threads()
-    time.sleep(15)
-    closed = 0
-    for s in socks:
-        s.settimeout(0.01)
-        try:
-            s.recv(65536)  # an answer (408) or b"": the server hung up either way
-            closed += 1
-        except TimeoutError:
-            pass
-        except ConnectionError:
-            closed += 1
-    tracebacks = server.tracebacks()
-    for s in socks:
-        s.close()
-    time.sleep(2)
-    tracebacks = server.tracebacks() - tracebacks
-    return [
-        f"| ordinary request among {n} stalled connections | {status} in {honest * 1000:.0f} ms |",
-        f"| server threads: idle, with {n} stalled connections | {threads_before}, {threads} |",
-        f"| stalled connections the server cut off (answered 408 or closed) within 16 s | {closed} of {n} |",
-        f"| tracebacks in the log once they leave | {tracebacks} |",
-    ]
-
-
-def hostile(server: Server, sentence: str, src: str, tgt: str) -> list[str]:
-    rows = []
-    good = {"q": sentence, "source": src, "target": tgt}
-    for name, bad in (
-        ("a lone surrogate", {"q": "x \ud800 y", "source": src, "target": tgt}),
-        ("a list with a number", {"q": ["x", 5], "source": src, "target": tgt}),
-    ):
-        worst = 0
-        for _ in range(3):
-            with ThreadPoolExecutor(max_workers=9) as pool:
-                futures = [pool.submit(post, server.url, good) for _ in range(4)]
-                bad_future = pool.submit(post, server.url, bad)
-                futures += [pool.submit(post, server.url, good) for _ in range(4)]
-                failed = sum(f.result()[0] != 200 for f in futures)
-                bad_status = bad_future.result()[0]
-            worst = max(worst, failed)
-        rows.append(
-            f"| {name} among 8 good requests, 3 trials | bad one {bad_status}; "
-            f"good ones failed: at most {worst}/8 |"
-        )
-    port = server.port
-    body = json.dumps(good).encode()
-    for name, req in (
-        (
-            "chunked body",
-            b"POST /translate HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
-            + f"{len(body):x}\r\n".encode()
-            + body
-            + b"\r\n0\r\n\r\n",
-        ),
-        ("no Content-Length", b"POST /translate HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" + body),
-        ("Content-Length: -1", b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n" + body),
-        (
-            "PUT /translate",
-            b"PUT /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-        ),
-        ("GET /translate", b"GET /translate HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
-        (
-            "body of 100 MB announced",
-            b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000\r\n\r\n",
-        ),
-    ):
-        answer, seconds = raw_exchange(port, req)
-        rows.append(f"| {name} | {answer} after {seconds * 1000:.0f} ms |")
-    big = "\n".join(["a"] * 10000)
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        start = time.perf_counter()
-        big_future = pool.submit(post, server.url, {"q": big, "source": src, "target": tgt}, 300)
-        time.sleep(1)
-        small_start = time.perf_counter()
-        small_status, _ = post(server.url, good, timeout=300)
-        small = time.perf_counter() - small_start
-        big_status, _ = big_future.result()
-        whole = time.perf_counter() - start
-    rows.append(
-        f"| one-line request sent 1 s after a 10,000-line one | one-line {small_status} in {small:.1f} s; "
-        f"10,000 lines {big_status} in {whole:.1f} s |"
-    )
-    return rows
-
-
-def sigterm_under_load(server: Server, sentences: list[str], src: str, tgt: str) -> list[str]:
-    idle = socket.create_connection(("127.0.0.1", server.port), timeout=5)
-    body = json.dumps({"q": sentences[0], "source": src, "target": tgt}).encode()
-    idle.sendall(
-        b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        + f"Content-Length: {len(body)}\r\n\r\n".encode()
-        + body
-    )
-    idle.recv(65536)  # answered; the connection stays open, idle
-    stalled = socket.create_connection(("127.0.0.1", server.port), timeout=5)
-    stalled.sendall(b'POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"q": ')
-    stop = threading.Event()
-    answered = failed = 0
-    lock = threading.Lock()
-
-    def client(k: int) -> None:
-        nonlocal answered, failed
-        i = k
-        while not stop.is_set():
-            try:
-                status, _ = post(
-                    server.url, {"q": sentences[i % len(sentences)], "source": src, "target": tgt}, 30
-                )
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                return  # refused: the server no longer accepts, as it should after SIGTERM
-            with lock:
-                answered += status == 200
-                failed += status != 200
-            i += 8
-
-    workers = [threading.Thread(target=client, args=(k,)) for k in range(8)]
-    for w in workers:
-        w.start()
-    time.sleep(3)
-    seconds, code = server.stop()
-    stop.set()
-    for w in workers:
-        w.join(timeout=60)
-    idle.close()
-    stalled.close()
-    return [
-        "| SIGTERM with 8 clients sending, an idle keep-alive connection and a stalled body | "
-        f"exit {code if code is not None else 'none (killed after 60 s)'} after {seconds:.1f} s; "
-        f"{answered} answered, {failed} failed |"
-    ]
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", type=Path, required=True)
@@ -335,9 +149,7 @@ def main() -> int:
     p.add_argument("--requests", type=int, default=300, help="requests per client count")
     p.add_argument("--threads", type=int, default=2, help="torch threads of the server")
     p.add_argument("--batch-wait-ms", type=float, default=10.0)
-    p.add_argument(
-        "--only", default="load,slow,hostile,sigterm,interactive", help="which parts to run (comma-separated)"
-    )
+    p.add_argument("--only", default="load,interactive", help="which parts to run (comma-separated)")
     p.add_argument("--label", default="", help="a word for the entry's heading, e.g. before or after")
     p.add_argument("--record", action="store_true", help="append the tables to benchmarks/RESULTS.md")
     args = p.parse_args()
@@ -349,7 +161,7 @@ def main() -> int:
     sentences = [s for s in args.input.read_text(encoding="utf-8").split("\n") if s.strip()]
     parts = args.only.split(",")
     tables: list[str] = []
-    server = Server(args.model, args.threads, args.batch_wait_ms, [])
+    server = Server(args.model, args.threads, args.batch_wait_ms)
     try:
         if "load" in parts:
             load(server.url, sentences, 1, 10, src, tgt)  # warm-up
@@ -377,15 +189,6 @@ def main() -> int:
                 f"| {line['lines']} lines | {line['p50_ms']:.0f} ms | {line['p95_ms']:.0f} ms | {versus} |",
                 "",
             ]
-        probes = ["| probe | result |", "| --- | --- |"]
-        if "slow" in parts:
-            probes += slow_clients(server, sentences[0], src, tgt)
-        if "hostile" in parts:
-            probes += hostile(server, sentences[0], src, tgt)
-        if "sigterm" in parts:
-            probes += sigterm_under_load(server, sentences, src, tgt)
-        if len(probes) > 2:
-            tables += probes
     finally:
         if server.proc.poll() is None:
             server.stop()
@@ -393,14 +196,13 @@ def main() -> int:
     if args.record:
         import torch
 
-        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         label = f" ({args.label})" if args.label else ""
         entry = [
-            f"### {now}{label}: {args.model}, cpu",
+            f"### {common.now()}{label}: {args.model}, cpu",
             "",
-            f"- machine: {machine_name('cpu')}, {args.threads} torch threads for the server, "
+            f"- machine: {common.machine_name('cpu')}, {args.threads} torch threads for the server, "
             f"torch {torch.__version__}",
-            f"- command: `python benchmarks/serve_load.py {' '.join(sys.argv[1:])}`",
+            f"- command: `{common.command_line(__file__, None)}`",
             f"- one sentence per request, {args.requests} requests per row, batch window "
             f"{args.batch_wait_ms:g} ms, beam and length penalty from the checkpoint; the clients share the "
             "machine's cores with the server",
@@ -408,7 +210,7 @@ def main() -> int:
             *tables,
             "",
         ]
-        record("\n".join(entry), SECTION)
+        common.record("\n".join(entry), SECTION)
     return 0
 
 

@@ -151,10 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     unknown = [v for v in args.variants.split(",") if v not in VARIANTS]
     if unknown or not (args.data / "train.src.idx").exists():
-        print(
-            f"error: unknown variant {unknown[0]!r}" if unknown else f"error: {args.data}: no nmt data",
-            file=sys.stderr,
-        )
+        error = f"unknown variant {unknown[0]!r}" if unknown else f"{args.data}: no nmt data"
+        print(f"error: {error}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
@@ -169,17 +167,12 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(lines))
     if args.record:
         command = common.command_line(__file__, argv)
-        entry = "\n".join(
-            [
-                f"### {started}: peers' configuration, {args.minutes:g} minutes each, {args.threads} threads",
-                "",
-                f"Machine: {common.machine_name('cpu')}, {os.cpu_count()} cores. Command: `{command}`"
-                f"{' (PEERS set)' if has_fairseq(args.peers) else ''}. Recorded {common.now()}.",
-                "",
-                *lines,
-                "",
-            ]
+        title = f"### {started}: peers' configuration, {args.minutes:g} minutes each, {args.threads} threads"
+        peers = " (PEERS set)" if has_fairseq(args.peers) else ""
+        machine = (
+            f"Machine: {common.machine_name('cpu')}, {os.cpu_count()} cores. Command: `{command}`{peers}."
         )
+        entry = "\n".join([title, "", f"{machine} Recorded {common.now()}.", "", *lines, ""])
         common.record(entry, SECTION, args.results)
     return 0
 

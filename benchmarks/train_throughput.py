@@ -5,13 +5,11 @@
     python benchmarks/train_throughput.py wmt14-en-de-big --updates 60 --json --record
 
 What runs is the trainer's own update, not a copy of it: the model, optimizer (fused Adam), precision
-(bf16 autocast where the recipe's `train.precision` resolves to it), compilation (`train.compile`:
-`nmt.train.runtime.compile_for_training`), the rate (schedule x cool-down) and gradient accumulation come
-from the trainer's modules (`setup_runtime`, `nmt.data.loader.update_plan` and `prepare`,
-`nmt.train.update.train_step`), with the vocabulary set to data.vocab_size. Batches are cut by the real
-token-budget batcher (nmt.data.batching.epoch_batches) at train.batch_tokens, from the preprocessed
-training split (--data WORKDIR) or from synthetic lengths (`common.LengthModel`; token ids are random,
-which costs the same).
+(bf16 autocast where `train.precision` resolves to it), compilation, rate and accumulation come from
+the trainer's modules (`nmt.train.update.build_learner` and `train_step`, `nmt.data.loader`), with the
+vocabulary set to data.vocab_size. Batches are cut by the real token-budget batcher at
+train.batch_tokens, from the preprocessed training split (--data WORKDIR) or from synthetic lengths
+(`common.LengthModel`; token ids are random, which costs the same).
 
 Timing: K untimed warm-up updates, then N timed updates in W consecutive windows, each bracketed by a
 device synchronisation; figures are those of the median window by target tokens/s, so that a neighbour
@@ -44,11 +42,11 @@ from torch import Tensor
 from nmt.config import Config, ModelConfig, load_config
 from nmt.data.loader import Loader, Update, batch_plan, prepare, to_device, update_plan
 from nmt.errors import NmtError
-from nmt.model import Transformer, count_parameters
+from nmt.model import count_parameters
 from nmt.tokens import PAD
-from nmt.train.optim import build_optimizer, learning_rate
-from nmt.train.runtime import Runtime, compile_for_training, setup_runtime
-from nmt.train.update import Learner, train_step
+from nmt.train.optim import learning_rate
+from nmt.train.runtime import Runtime, setup_runtime
+from nmt.train.update import build_learner, train_step
 
 SECTION = "## Training throughput"
 
@@ -155,19 +153,13 @@ def batch_figures(cfg: Config, batch: tuple[Tensor, Tensor, Tensor]) -> tuple[in
 
 
 class Trainer:
-    """The trainer's objects and one update, built and run as nmt.train.train builds and runs them (one
-    process: no DDP). The rate is the loop's, schedule x cool-down, with the budget counted in steps."""
+    """The trainer's objects (`build_learner`, one process: no DDP) and its update at the loop's rate,
+    schedule x cool-down, with the budget counted in steps."""
 
     def __init__(self, cfg: Config, rt: Runtime):
         self.cfg, self.rt = cfg, rt
-        torch.manual_seed(cfg.train.seed)
-        self.model = Transformer(cfg.model, cfg.data.vocab_size).to(rt.device)
-        self.optimizer = build_optimizer(self.model.parameters(), cfg.train)
-        self.scaler = torch.amp.GradScaler("cuda") if rt.dtype == torch.float16 else None
-        net = compile_for_training(self.model) if cfg.train.compile else self.model
-        self.learner = Learner(net, self.model, self.optimizer, self.scaler, cfg.train, rt)
+        self.learner = build_learner(cfg, rt, cfg.data.vocab_size)
         self.step = 0
-        self.model.train()
 
     def update(self, update: Update) -> None:
         self.step += 1
@@ -175,21 +167,14 @@ class Trainer:
         train_step(self.learner, update, learning_rate(self.step, used, self.cfg.model, self.cfg.train))
 
 
-def measure(
-    cfg: Config,
-    data,
-    updates: int,
-    warmup: int,
-    windows: int,
-    matmul_size: int | None = None,
-    end_to_end: bool = True,
-    profile: int = 0,
-) -> dict:
-    """Run the benchmark and return its figures (see the module docstring for what each one means)."""
+def measure(cfg: Config, data, args: argparse.Namespace) -> dict:
+    """Run the benchmark as the command line asks and return its figures (see the module docstring for
+    what each one means)."""
+    updates, warmup, windows = args.updates, args.warmup_updates, args.windows
     if updates < windows:
         raise NmtError(f"--updates {updates} is fewer than --windows {windows}")
     rt = setup_runtime(cfg)
-    n = matmul_size or (8192 if rt.device.type == "cuda" else 2048)
+    n = args.matmul_size or (8192 if rt.device.type == "cuda" else 2048)
     rates = matmul_rate(rt.device, rt.dtype, n)
     if rt.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(rt.device)
@@ -226,7 +211,7 @@ def measure(
     del prepared
 
     e2e = data_wait = None
-    if end_to_end:
+    if not args.no_end_to_end:
         # The trainer's own data path: the background loader collating (and pinning) ahead of the step.
         size = per_window[0]
         with Loader(data, plan, rt.device) as loader:
@@ -241,7 +226,7 @@ def measure(
             e2e = tokens / (time.perf_counter() - start)
             data_wait = loader.wait_seconds / (time.perf_counter() - start)
 
-    profile_table = profile_updates(trainer, data, plan, profile) if profile else None
+    profile_table = profile_updates(trainer, data, plan, args.profile) if args.profile else None
     rates += matmul_rate(rt.device, rt.dtype, n)
 
     rate = statistics.median(rates)
@@ -254,7 +239,7 @@ def measure(
         "dtype": str(rt.dtype).removeprefix("torch."),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
-        "parameters": count_parameters(trainer.model),
+        "parameters": count_parameters(trainer.learner.model),
         "vocab": cfg.data.vocab_size,
         "batch_tokens": cfg.train.batch_tokens,
         "accumulation": accum,
@@ -396,34 +381,20 @@ def report_lines(recipe: str, r: dict) -> list[str]:
     return [recipe, *about(r), *(f"{name:20} {value}" for name, value in figure_rows(r))]
 
 
-def record_entry(
-    title: str, command: str, r: dict, notes: Sequence[str] = (), after: Sequence[str] = ()
-) -> str:
-    """A dated Markdown entry: device, command, then the figures as a table and any `after` lines."""
-    return "\n".join(
-        [
-            f"### {common.now()}: {title}",
-            "",
-            *(f"- {line}" for line in [*about(r), f"command: `{command}`", f"data: {r['data']}"]),
-            *notes,
-            "",
-            *common.markdown_table(["figure", "value"], figure_rows(r)),
-            *(["", *after] if after else []),
-            "",
-        ]
-    )
-
-
-def record(entry: str, path: Path = RESULTS) -> None:
-    common.record(entry, SECTION, path)
+def record_entry(title: str, command: str, r: dict) -> str:
+    """A dated Markdown entry: device, command, then the figures as a table."""
+    lines = [*about(r), f"command: `{command}`", f"data: {r['data']}"]
+    table = common.markdown_table(["figure", "value"], figure_rows(r))
+    return "\n".join([f"### {common.now()}: {title}", "", *(f"- {line}" for line in lines), "", *table, ""])
 
 
 # ---------------------------------------------------------------------------------------------------------
 # Command line
 
 
-def parser(description: str = __doc__.split("\n\n")[0]) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=description)
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("recipe", help="a recipe name (wmt14-en-de-base) or YAML path")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--updates", type=int, default=30, help="timed updates (default 30)")
     p.add_argument("--warmup-updates", type=int, default=5, help="untimed updates first (default 5)")
@@ -436,53 +407,27 @@ def parser(description: str = __doc__.split("\n\n")[0]) -> argparse.ArgumentPars
     p.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     p.add_argument("--record", action="store_true", help="append the figures to benchmarks/RESULTS.md")
     p.add_argument("--results", type=Path, default=RESULTS, help=argparse.SUPPRESS)
-    return p
-
-
-def run(recipe: str, args: argparse.Namespace, lengths: LengthModel, extra_overrides: Sequence[str] = ()):
-    """Load the recipe with the overrides, pick the data, measure; returns (config, figures)."""
-    overrides = [*extra_overrides, *args.overrides]
-    if args.device:
-        overrides.append(f"train.device={args.device}")
-    cfg = load_config(recipe, overrides)
-    if args.data:
-        from nmt.data.binarized import ParallelData
-
-        data, source = ParallelData(args.data / "data" / "train"), f"{args.data}/data/train"
-    else:
-        data = synthetic_data(cfg, lengths, args.warmup_updates + 2 * args.updates)
-        source = f"synthetic ({lengths})"
-    figures = measure(
-        cfg,
-        data,
-        args.updates,
-        args.warmup_updates,
-        args.windows,
-        args.matmul_size,
-        not args.no_end_to_end,
-        args.profile,
-    )
-    figures["recipe"], figures["data"] = recipe, source
-    return cfg, figures
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    p = parser()
-    p.add_argument("recipe", help="a recipe name (wmt14-en-de-base) or YAML path")
     args = p.parse_args(argv)
+    overrides = [*args.overrides, *([f"train.device={args.device}"] if args.device else [])]
     try:
-        lengths = MULTI30K_LENGTHS if "multi30k" in args.recipe else WMT_LENGTHS
-        _, figures = run(args.recipe, args, lengths)
+        cfg = load_config(args.recipe, overrides)
+        if args.data:
+            from nmt.data.binarized import ParallelData
+
+            data, source = ParallelData(args.data / "data" / "train"), f"{args.data}/data/train"
+        else:
+            lengths = MULTI30K_LENGTHS if "multi30k" in args.recipe else WMT_LENGTHS
+            data = synthetic_data(cfg, lengths, args.warmup_updates + 2 * args.updates)
+            source = f"synthetic ({lengths})"
+        figures = {**measure(cfg, data, args), "recipe": args.recipe, "data": source}
     except NmtError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if args.json:
-        print(json.dumps(figures, indent=1))
-    else:
-        print("\n".join(report_lines(args.recipe, figures)))
+    print(json.dumps(figures, indent=1) if args.json else "\n".join(report_lines(args.recipe, figures)))
     if args.record:
         title = f"{Path(args.recipe).stem}, {figures['device_type']} {figures['dtype']}"
-        record(record_entry(title, common.command_line(__file__, argv), figures), args.results)
+        entry = record_entry(title, common.command_line(__file__, argv), figures)
+        common.record(entry, SECTION, args.results)
     return 0
 
 

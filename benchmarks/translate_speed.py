@@ -5,34 +5,26 @@
         --input runs/multi30k-en-de/data/test/test_2016_flickr.en --repeats 3 --record
 
 Engines: nmt (fp32 and int8 on a CPU, bf16 on a GPU) and CTranslate2 on a folder exported from the same
-checkpoint by nmt.formats.ctranslate2 (float32 and int8 on a CPU; float16 and bfloat16 on a GPU). Every engine
-gets the same decode settings (beam 4, the checkpoint's length penalty and length limit), the same batch
-budget (both cut batches with nmt.translate.token_batches) and the same threads (torch.set_num_threads,
-CTranslate2's intra_threads). Each engine lives in its own worker process, which loads the model once; the
-parent runs the timed passes round-robin (engine order rotated each repetition), so a neighbour stealing
-the CPU for a while slows every engine alike, and reads each worker's own resident-set high-water mark
-(VmHWM) as that engine's peak memory. Workers import torch whatever the
-engine (nmt.translate.ctranslate2_engine shares nmt.translate's batching), so "over imports" is also reported:
-the peak minus the RSS right after the imports, which is what the model and the decoding cost.
+checkpoint by nmt.formats.ctranslate2 (float32 and int8 on a CPU; float16 and bfloat16 on a GPU; nmt's rows
+alone without ctranslate2). Every engine gets the same decode settings (beam 4, the checkpoint's length
+penalty and length limit), batch budget (both cut batches with nmt.translate.token_batches) and threads.
+Each engine lives in its own worker process, which loads the model once; the parent runs the timed passes
+round-robin (engine order rotated each repetition), so a neighbour stealing the CPU for a while slows
+every engine alike, and reads each worker's resident-set high-water mark (VmHWM) as its peak memory, and
+that minus the RSS right after the imports as what the model and the decoding cost ("over imports").
 
-Figures: target subwords/s and sentences/s of a full pass (median over repetitions; target subwords
-counted by re-encoding each engine's output with the model's SentencePiece model), the speed ratio
-nmt time / engine time per repetition (min/median/max), the latency of one sentence at a time (as an
-interactive user sees it; median over the latency sentences), peak RSS, and how many outputs are the
-same as nmt's.
+Figures: target subwords/s and sentences/s of a full pass (median over repetitions; subwords counted by
+re-encoding each engine's output), the speed ratio nmt time / engine time per repetition, the latency of
+one sentence at a time (median), peak RSS, and how many outputs are the same as nmt's.
 
-Without --model nothing is trained: a Transformer of --recipe's size (default multi30k-en-de; wmt14-en-de-base
-is the paper's base model, 63M parameters) with random weights and
-a SentencePiece model trained on synthetic text (a Zipf-distributed vocabulary of made-up words). Random
-weights almost never emit EOS, so every output runs to its length limit. The limit is then the same for
-every sentence, 0 x |x| + 30 subwords (--max-len-a/--max-len-b): every engine does the same work (the
-CTranslate2 engine decodes a batch up to its longest sentence's limit, which with |x|-dependent limits
-would cost it steps that a trained model, stopping at EOS, never takes), and 30 subwords is about the
-length of a real translation of these sentences. Random weights also make near-ties everywhere, so the
-"same as nmt" column means nothing for them.
-Without --input the sentences are synthetic, with newstest2014's length distribution: word counts drawn
-from a log-normal with mean 25 and standard deviation 14 (mu = 3.08, sigma = 0.52; the English side of
-newstest2014 averages about 24 words a sentence with a long right tail), clipped to 1..120.
+Without --model nothing is trained: a Transformer of --recipe's size (wmt14-en-de-base: the paper's base
+model, 63M parameters; `--set` to change it) with random weights and a SentencePiece model trained on
+synthetic text. Random weights almost never emit EOS, so every output runs to its length limit, set to
+0 x |x| + 30 subwords for every sentence: every engine does the same work (the CTranslate2 engine decodes
+a batch up to its longest sentence's limit), and 30 subwords is about a real translation's length. Random
+weights also make near-ties everywhere, so the "same as nmt" column means nothing for them. Without
+--input the sentences are synthetic, with newstest2014's words per sentence: log-normal with mean 25 and
+standard deviation 14 (mu = 3.08, sigma = 0.52), clipped to 1..120.
 """
 
 from __future__ import annotations
@@ -72,8 +64,7 @@ def worker() -> None:
         import torch
 
         from nmt.checkpoint import load_model
-        from nmt.translate import Translator
-        from nmt.translate.builder import inference_model
+        from nmt.translate import Translator, inference_model
 
         torch.set_num_threads(job["threads"])
         rss_imports = max_rss()
@@ -122,14 +113,9 @@ class Worker:
     def __init__(self, engine: str, compute: str, job: dict):
         self.engine, self.compute = engine, compute
         self.name = f"{'nmt' if engine == 'nmt' else 'CTranslate2'} {compute}"
+        cmd = [sys.executable, __file__, "--worker"]
         env = {**os.environ, "OMP_NUM_THREADS": str(job["threads"]), "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--worker"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         self.ready = self.ask(json.dumps({**job, "engine": engine, "compute": compute}))  # after loading
         self.runs: list[dict] = []
 
@@ -165,10 +151,8 @@ def measure(job: dict, engines: list[tuple[str, str]], repeats: int) -> list[Res
     for rep in range(repeats):
         for w in workers[rep % len(workers) :] + workers[: rep % len(workers)]:
             w.runs.append(w.ask("run"))
-            print(
-                f"repetition {rep + 1}/{repeats}: {w.name:22s} {w.runs[-1]['seconds']:7.2f} s",
-                file=sys.stderr,
-            )
+            seconds = w.runs[-1]["seconds"]
+            print(f"repetition {rep + 1}/{repeats}: {w.name:22s} {seconds:7.2f} s", file=sys.stderr)
     latencies = {w.name: w.ask("latency")["latency"] for w in workers}
     peaks = {w.name: w.ask("quit")["rss_peak"] for w in workers}
     for w in workers:
@@ -197,19 +181,10 @@ def measure(job: dict, engines: list[tuple[str, str]], repeats: int) -> list[Res
 def table_rows(results: list[Result]) -> list[list[str]]:
     rows = []
     for r in results:
-        lo, mid, hi = min(r.ratios), statistics.median(r.ratios), max(r.ratios)
-        rows.append(
-            [
-                r.name,
-                f"{r.tokens_per_s:,.0f}",
-                f"{r.sentences_per_s:,.1f}",
-                f"{mid:.2f} ({lo:.2f}-{hi:.2f})",
-                f"{r.latency_ms:,.1f}",
-                f"{r.rss_peak / MIB:,.0f}",
-                f"{r.rss_over_imports / MIB:,.0f}",
-                f"{100 * r.same_as_nmt:.1f}%",
-            ]
-        )
+        speeds = f"{r.tokens_per_s:,.0f}", f"{r.sentences_per_s:,.1f}"
+        speedup = f"{statistics.median(r.ratios):.2f} ({min(r.ratios):.2f}-{max(r.ratios):.2f})"
+        rss = f"{r.rss_peak / MIB:,.0f}", f"{r.rss_over_imports / MIB:,.0f}"
+        rows.append([r.name, *speeds, speedup, f"{r.latency_ms:,.1f}", *rss, f"{100 * r.same_as_nmt:.1f}%"])
     return rows
 
 
@@ -238,13 +213,11 @@ def record_entry(results: list[Result], about: dict) -> str:
     )
 
 
-def parser() -> argparse.ArgumentParser:
+def main(argv: list[str] | None = None) -> list[Result]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", type=Path, help="an nmt checkpoint (default: random weights, --recipe's size)")
     p.add_argument(
-        "--recipe",
-        default="multi30k-en-de",
-        help="without --model: the recipe whose model gets random weights (wmt14-en-de-base: 63M parameters)",
+        "--recipe", default="multi30k-en-de", help="without --model: whose model gets random weights"
     )
     p.add_argument("--input", type=Path, help="source sentences, one a line (default: synthetic)")
     p.add_argument("--lines", type=int, help="use the first N input lines (default: all; synthetic: 300)")
@@ -258,33 +231,35 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-len-a", type=float, help="length limit a (default: checkpoint's; random model: 0)")
     p.add_argument("--max-len-b", type=int, help="length limit b (default: checkpoint's; random model: 30)")
     p.add_argument("--latency-lines", type=int, default=30, help="sentences translated one at a time")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="without --model: a recipe override for the random model (repeatable)")  # fmt: skip
+    p.add_argument("--json", action="store_true", help="print the rows and what ran as one JSON object")
     p.add_argument("--record", action="store_true", help="append the figures to benchmarks/RESULTS.md")
     p.add_argument("--results", type=Path, default=RESULTS, help=argparse.SUPPRESS)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    return p
-
-
-def main(argv: list[str] | None = None) -> list[Result]:
-    args = parser().parse_args(argv)
+    args = p.parse_args(argv)
     if args.worker:
         worker()
         return []
-    import ctranslate2
+    import importlib.util
+
     import torch
     from rich.console import Console
-    from rich.table import Table
 
     from nmt.checkpoint import load_checkpoint
     from nmt.formats.export import export
 
     console = Console(stderr=True)
+    ct2 = importlib.util.find_spec("ctranslate2") is not None
+    engines = GPU_ENGINES if args.device.startswith("cuda") else CPU_ENGINES
+    engines = engines if ct2 else [e for e in engines if e[0] == "nmt"]
     with tempfile.TemporaryDirectory(prefix="translate-speed-") as tmp:
         work = Path(tmp)
         if args.model is None:
             console.print(
                 f"no --model: random weights of the {args.recipe} recipe's size (nothing is trained)"
             )
-            checkpoint, random_weights = random_model(work, args.recipe), True
+            checkpoint, random_weights = random_model(work, args.recipe, args.overrides), True
         else:
             checkpoint, random_weights = args.model, False
         ckpt = load_checkpoint(checkpoint)
@@ -308,7 +283,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
                 f"{len(lines)} synthetic sentences, words per sentence log-normal with newstest2014's "
                 f"mean 25 and sd 14 (here: mean {statistics.mean(map(len, map(str.split, lines))):.1f})"
             )
-        ct2_dir = export(checkpoint, work / "ct2")
+        ct2_dir = export(checkpoint, work / "ct2") if ct2 else work / "ct2"
         latency_lines = random.Random(3).sample(lines, min(args.latency_lines, len(lines)))
         job = {
             "checkpoint": str(checkpoint),
@@ -319,7 +294,6 @@ def main(argv: list[str] | None = None) -> list[Result]:
             "lines": lines,
             "latency_lines": latency_lines,
         }
-        engines = GPU_ENGINES if args.device.startswith("cuda") else CPU_ENGINES
         results = measure(job, engines, args.repeats)
 
     cfg = ckpt.config.model
@@ -333,7 +307,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
         "machine": common.machine_name(args.device),
         "threads": args.threads,
         "torch": torch.__version__,
-        "ctranslate2": ctranslate2.__version__,
+        "ctranslate2": importlib.import_module("ctranslate2").__version__ if ct2 else "not installed",
         "command": common.command_line(__file__, argv),
         "input": input_about,
         "decoding": f"beam {decode.beam}, lenpen {decode.lenpen}, max length {decode.max_len_a:g} x |x| + "
@@ -341,18 +315,15 @@ def main(argv: list[str] | None = None) -> list[Result]:
         "repeats": args.repeats,
         "latency_lines": len(latency_lines),
     }
-    table = Table(title=f"Translation speed: {about['model']} on {args.device}, {args.threads} threads")
-    for name in HEADER:
-        table.add_column(name, justify="left" if name == "engine" else "right")
-    for row in table_rows(results):
-        table.add_row(*row)
-    out = Console()
-    out.print(table)
-    for key in ("machine", "model_detail", "input", "decoding"):
-        out.print(f"{key}: {about[key]}", highlight=False)
     if args.record:
         common.record(record_entry(results, about), SECTION, args.results)
         console.print(f"recorded in {args.results}")
+    if args.json:
+        print(json.dumps({"about": about, "rows": [dataclasses.asdict(r) for r in results]}, indent=1))
+    else:
+        print(f"Translation speed: {about['model']} on {args.device}, {args.threads} threads\n")
+        print("\n".join(common.markdown_table(HEADER, table_rows(results))))
+        print("\n".join(f"{key}: {about[key]}" for key in ("machine", "model_detail", "input", "decoding")))
     return results
 
 

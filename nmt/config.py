@@ -101,7 +101,7 @@ class TrainConfig:
     adam_beta1: float = 0.9
     adam_beta2: float = 0.98
     adam_eps: float = 1e-9
-    weight_decay: float = 0.0
+    weight_decay: float = 0.0  # > 0: AdamW, decaying the matrices only (not biases, not LayerNorm)
     clip_norm: float = 0.0  # 0 disables clipping (the paper does not clip)
     label_smoothing: float = 0.1
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 where native (nmt.device)

@@ -16,6 +16,7 @@ import base64
 import io
 import json
 import random
+from collections.abc import Sequence
 from pathlib import Path
 
 import sentencepiece as spm
@@ -27,6 +28,9 @@ from nmt.tokens import BOS, EOS, PAD, UNK
 
 SAMPLE_SEED = 1  # the sentence sample is part of the model: the same corpus gives the same subwords
 PAIR_FORMAT = "nmt-subword-pair"
+
+# nmt's reserved ids (nmt.tokens), given to every SentencePiece model it trains.
+RESERVED_IDS = {"pad_id": PAD, "unk_id": UNK, "bos_id": BOS, "eos_id": EOS}
 
 
 def sample_lines(text_files: list[Path], n: int, seed: int = SAMPLE_SEED) -> list[str]:
@@ -46,6 +50,24 @@ def sample_lines(text_files: list[Path], n: int, seed: int = SAMPLE_SEED) -> lis
                 elif (j := rng.randrange(seen)) < n:
                     sample[j] = line
     return sample
+
+
+def train_sentencepiece(lines: Sequence[str], prefix: Path, vocab_size: int, **options) -> Subword:
+    """A SentencePiece model of `lines` with nmt's reserved ids, written as prefix.model and .vocab (with
+    the lines in prefix.txt). `options` go to SentencePiece as they are: model types the recipes do not
+    offer, such as `word`, or `hard_vocab_limit=False`."""
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    text = prefix.with_suffix(".txt")
+    text.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    spm.SentencePieceTrainer.train(
+        input=str(text),
+        model_prefix=str(prefix),
+        vocab_size=vocab_size,
+        **RESERVED_IDS,
+        minloglevel=2,
+        **options,
+    )
+    return Subword.load(Path(f"{prefix}.model"))
 
 
 def train_subword(text_files: list[Path], out_prefix: Path, data: DataConfig) -> Path:
@@ -74,10 +96,7 @@ def train_subword(text_files: list[Path], out_prefix: Path, data: DataConfig) ->
             model_type=data.subword_type,
             vocab_size=data.vocab_size,
             character_coverage=data.character_coverage,
-            pad_id=PAD,
-            unk_id=UNK,
-            bos_id=BOS,
-            eos_id=EOS,
+            **RESERVED_IDS,
             shuffle_input_sentence=False,
             # num_threads is left at SentencePiece's default (16): a value set here is recorded in the
             # model, so the machine's core count would make the same vocabulary differ in its bytes.

@@ -9,11 +9,9 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from common import train_spm
-
 from nmt.config import Config, config_from_dict
 from nmt.data.binarized import write_split
-from nmt.subword import Subword
+from nmt.subword import Subword, train_sentencepiece
 
 LETTERS = "abcdefghijklmnop"
 
@@ -32,7 +30,7 @@ def make_subword(directory: Path) -> Subword:
     """A character-level SentencePiece model over the letters (each word is one piece)."""
     rng = random.Random(0)
     lines = [sentence(rng) for _ in range(2000)]
-    return train_spm(lines, directory / "spm", len(LETTERS) + 4, model_type="word")
+    return train_sentencepiece(lines, directory / "spm", len(LETTERS) + 4, model_type="word")
 
 
 def make_config(**train_overrides) -> Config:

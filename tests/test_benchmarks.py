@@ -1,11 +1,19 @@
-"""The training-throughput benchmark: its FLOP count, its figures on a tiny model, its RESULTS.md entries."""
+"""The benchmarks (benchmarks/*.py) at tiny sizes, so that they cannot rot: the training throughput's FLOP
+count and figures, the synthetic data, the RESULTS.md writer, the side-by-side training and serving
+scripts, and the GPU check's harness run on the CPU."""
 
 from __future__ import annotations
 
 import importlib
 import json
+import os
+import signal
 import statistics
+import subprocess
+import sys
+import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,9 +24,14 @@ from nmt.config import ModelConfig
 from nmt.model import Transformer
 from nmt.train.loss import label_smoothed_nll
 
+# The benchmarks are scripts that import their neighbours (`import common`), as `python benchmarks/x.py`
+# runs them: their folder goes on the path here, for this module only.
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
 common = importlib.import_module("common")
 throughput = importlib.import_module("train_throughput")
 speed = importlib.import_module("train_speed")
+check = importlib.import_module("gpu_check")
 
 TINY = [
     "--set=model.encoder_layers=1",
@@ -168,9 +181,9 @@ def test_train_speed_without_fairseq_reports_nmt_only():
 def test_record_appends_to_its_own_section_only(tmp_path):
     path = tmp_path / "RESULTS.md"
     path.write_text("# Benchmark results\n\n## Translation speed\n\ntheirs\n")
-    throughput.record("### first\n", path)
+    common.record("### first\n", throughput.SECTION, path)
     path.write_text(path.read_text() + "\n## Later section\n\nalso theirs\n")
-    throughput.record("### second\n", path)
+    common.record("### second\n", throughput.SECTION, path)
     text = path.read_text()
     assert text.count("## Training throughput") == 1
     assert "## Translation speed\n\ntheirs\n" in text and text.endswith("## Later section\n\nalso theirs\n")
@@ -178,34 +191,10 @@ def test_record_appends_to_its_own_section_only(tmp_path):
     assert mine.index("### first") < mine.index("### second")
 
 
-def test_loader_speed_compares_the_paths_on_the_same_updates(tmp_path, capsys):
-    loader_speed = importlib.import_module("loader_speed")
-    threads = torch.get_num_threads()
-    try:
-        results = tmp_path / "RESULTS.md"
-        assert loader_speed.main(["--pairs=20000", "--updates=3", "--record", f"--results={results}"]) == 0
-    finally:
-        torch.set_num_threads(threads)
-    out = capsys.readouterr().out
-    rows = [line for line in out.splitlines() if line.startswith("| ") and "tok/s" not in line][1:]
-    assert [r.split(" | ")[0] for r in rows] == [
-        "| pair by pair",
-        "| vectorised (prepare)",
-        "| background loader",
-    ]
-    # every path produced the same updates: equal token totals give rates in the ratio of their speeds
-    assert all(float(r.split(" | ")[1].replace(",", "")) > 0 for r in rows)
-    assert "## Training data loader" in results.read_text() and "loader_speed.py" in results.read_text()
-
-
 def test_serve_load_sets_one_client_against_interactive_translation(synthetic_run):
     """The server's one-client latency and `nmt translate --interactive`'s, in one table, on a real server."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
     pytest.importorskip("uvicorn", reason="nmt serve needs its extra: pip install 'nmt[serve]'")
-    script = Path(__file__).parents[1] / "benchmarks" / "serve_load.py"
+    script = ROOT / "benchmarks" / "serve_load.py"
     model, source = synthetic_run / "checkpoints" / "best.pt", synthetic_run / "data" / "valid.xx"
     args = ["--model", str(model), "--input", str(source), "--only", "load,interactive", "--clients", "1"]
     done = subprocess.run(
@@ -222,3 +211,223 @@ def test_serve_load_sets_one_client_against_interactive_translation(synthetic_ru
     # the table rounds to whole milliseconds, the ratio is of the unrounded figures
     expected = float(serve_ms) / float(p50.removesuffix(" ms"))
     assert float(ratio.removesuffix("x")) == pytest.approx(expected, rel=0.25)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# benchmarks/gpu_check.py, tiny, on the CPU
+
+
+def run_gpu_check(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    """As on a bare GPU machine: from the source tree with PYTHONPATH=., not the installed package."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), *args]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+@pytest.mark.multi30k
+def test_the_gpu_check_runs_every_stage_tiny_on_the_cpu(tmp_path, multi30k_mirror):
+    """`gpu_check.py --tiny` end to end (a few minutes on 2 shared cores): every stage ran its command,
+    and the report holds what each one measured, in the scripts' own tables."""
+    import importlib.util
+
+    from nmt.config import load_config
+    from nmt.data.preprocess import preprocess
+
+    data = tmp_path / "m30k"  # preprocessed as a user would have it, for --data
+    preprocess(load_config("multi30k-en-de"), data, mirror=str(multi30k_mirror))
+    out = tmp_path / "out"
+    done = run_gpu_check(str(out), "--tiny", "--data", str(data))
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    stages = report["stages"]
+    assert list(stages) == [s.name for s in check.STAGES]
+    assert {n: e["status"] for n, e in stages.items()} == dict.fromkeys(stages, "ok"), stages
+    assert report["tiny"] and report["finished"]
+
+    env = stages["environment"]["figures"]
+    assert env["torch"] == torch.__version__ and env["cuda"] == torch.cuda.is_available()
+
+    tests = stages["tests"]["figures"]
+    assert len(tests["tests"]) >= 12  # every CUDA case of tests/test_gpu.py, and no CPU case
+    assert all(t["test"].startswith("test_gpu::") and "cuda" in t["test"] for t in tests["tests"])
+    if not torch.cuda.is_available():
+        assert tests["counts"]["skipped"] == len(tests["tests"])
+        assert all("needs a CUDA GPU" in t["message"] for t in tests["tests"])
+
+    for name in ("train-base-eager", "train-base-compiled", "train-big-eager", "train-big-compiled"):
+        f = stages[name]["figures"]
+        assert (
+            f"benchmarks/train_throughput.py wmt14-en-de-{name.split('-')[1]} --json"
+            in stages[name]["command"]
+        )
+        assert f["recipe"] == f"wmt14-en-de-{name.split('-')[1]}" and f["mode"] == name.split("-")[2]
+        assert f["dtype"] == "bfloat16" and f["accumulation"] == 2
+        assert f["target_tokens_per_s"] > 0 and f["peak_memory_bytes"] > 0
+        mfu = 6 * f["parameters"] * f["target_tokens_per_s"] / f["matmul_flops_per_s"]
+        assert f["mfu_6n"] == pytest.approx(mfu) and f["mfu"] > 0
+        assert 0 <= f["end_to_end_data_wait"] < 1
+
+    decode = stages["decode"]
+    engines = [r["name"] for r in decode["figures"]["rows"]]
+    if importlib.util.find_spec("ctranslate2"):  # on the CPU: nmt fp32 and int8 beside CTranslate2's
+        assert engines == ["nmt fp32", "nmt int8", "CTranslate2 float32", "CTranslate2 int8"]
+    else:
+        assert engines == ["nmt fp32", "nmt int8"] and "ctranslate2 is not importable" in decode["notes"][0]
+    assert all(r["tokens_per_s"] > 0 for r in decode["figures"]["rows"])
+    assert decode["figures"]["rows"][0]["ratios"] == [1.0]  # nmt against itself
+
+    demo = stages["demo"]["figures"]  # nmt run's results.json
+    assert demo["training"]["updates"] > 0 and demo["data"] == str((data / "data").resolve())
+    bleu = demo["tests"]["test_2016_flickr"]["bleu"]
+    assert 0 <= bleu["score"] <= 100 and bleu["signature"].startswith("nrefs:1")
+    assert "preprocess: already done" in (out / "logs" / "demo.log").read_text()  # --data was used
+
+    md = (out / "report.md").read_text()
+    for name in stages:
+        assert f"| {name} | ok |" in md
+    assert "## Targets" in md and "| MFU base >= 30% |" in md
+    for name in ("base-eager", "base-compiled", "big-eager", "big-compiled"):
+        assert f"## train-{name}: `train_throughput.py wmt14-en-de-{name.split('-')[0]} --json" in md
+    assert md.count("MFU (6N)") == 4 and "| nmt fp32 |" in md
+    assert f"| test_2016_flickr | {bleu['score']} |" in md  # nmt run's own results table
+
+
+def test_a_stage_out_of_time_is_recorded_and_the_rest_still_reported(tmp_path):
+    """A stage killed at its cap is a failed stage with its log's end; a stage the budget cannot hold
+    is skipped with the reason and the command that runs it alone; the report is still written."""
+    out = tmp_path / "out"
+    done = run_gpu_check(str(out), "--tiny", "--stages", "environment,decode", "--budget", "0.5", timeout=60)
+    assert done.returncode == 0, done.stderr
+    stages = json.loads((out / "report.json").read_text())["stages"]
+    assert stages["environment"]["status"] == "failed"
+    assert stages["environment"]["reason"].startswith("timed out after")
+    assert stages["decode"] == {
+        "status": "skipped",
+        "reason": "the 0-second budget was spent before it; run it alone with --stages decode",
+    }
+    md = (out / "report.md").read_text()
+    assert "| environment | failed |" in md and "| decode | skipped |" in md and "## Failures" in md
+
+
+def test_bad_arguments_are_one_line_and_exit_2(tmp_path, capsys):
+    assert check.main([str(tmp_path / "out"), "--stages", "tests,nope"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: --stages: no stage 'nope'; stages: " + ", ".join(s.name for s in check.STAGES)
+    )
+    assert check.main([str(tmp_path / "out"), "--data", str(tmp_path)]) == 2
+    assert "no preprocessed data there" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_stage_gets_its_cap_or_what_the_later_stages_leave():
+    tests, demo = check.BY_NAME["tests"], check.BY_NAME["demo"]
+    assert check.stage_budget(tests, left=1000, later=[demo], tiny=False) == tests.cap
+    assert check.stage_budget(tests, left=200, later=[demo], tiny=False) == 200 - demo.minimum
+    assert check.stage_budget(tests, left=200, later=[demo], tiny=True) == 200  # --tiny keeps nothing
+
+
+def test_each_stage_runs_what_users_and_the_other_benchmarks_run(tmp_path):
+    """The stages' commands on a GPU (what --tiny cannot show): the scripts with the issue's settings,
+    and the demo as `nmt run` on a copy of --data, trained for what the budget leaves."""
+    import argparse
+
+    args = argparse.Namespace(tiny=False, out=tmp_path, data=None, mirror="/m", demo_minutes=3.0)
+    train = check.COMMANDS["train"]("train-big-compiled", args, tmp_path, 150)["cmd"]
+    assert train[1].endswith("benchmarks/train_throughput.py") and train[2] == "wmt14-en-de-big"
+    assert {"--json", "--device=cuda", "--set=train.precision=bf16", "--set=train.compile=true"} <= set(train)
+    decode = check.COMMANDS["decode"]("decode", args, tmp_path, 150)["cmd"]
+    assert decode[1].endswith("benchmarks/translate_speed.py") and "wmt14-en-de-base" in decode
+    assert {"--json", "--device=cuda", "--lines=300", "--repeats=3"} <= set(decode)
+    demo = check.COMMANDS["demo"]("demo", args, tmp_path / "w", 330)
+    assert demo["cmd"][1:5] == ["-m", "nmt", "run", "multi30k-en-de"] and demo["cmd"][-2:] == [
+        "--mirror",
+        "/m",
+    ]
+    assert "train.device=cuda" in demo["cmd"] and "train.max_minutes=3.0" in demo["cmd"]
+    short = check.COMMANDS["demo"]("demo", args, tmp_path / "w", 200)  # 200 s: 80 of them for training
+    assert "train.max_minutes=1.33" in short["cmd"] and "trained 1.33 of 3.0 minutes" in short["notes"][0]
+    args.mirror = None
+    assert check.COMMANDS["demo"]("demo", args, tmp_path / "w", 330)["status"] == "skipped"
+
+
+def test_carried_wheels_are_unpacked_onto_the_stages_path(tmp_path):
+    """--wheels: a machine without a package index gets pytest or ctranslate2 from wheels carried along."""
+    import argparse
+    import zipfile
+
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    with zipfile.ZipFile(wheels / "carried-1.0-py3-none-any.whl", "w") as z:
+        z.writestr("carried/__init__.py", "VALUE = 42\n")
+        z.writestr("carried-1.0.dist-info/METADATA", "Name: carried\nVersion: 1.0\n")
+    report: dict = {}
+    args = argparse.Namespace(wheels=wheels)
+    env = check.child_env(tmp_path / "out", args, report)
+    assert report["wheels"] == f"unpacked carried from {wheels}"
+    code = "import carried, nmt; print(carried.VALUE)"
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert done.stdout.strip() == "42", done.stderr  # and nmt from the source tree, not from tmp_path
+    empty = tmp_path / "none"
+    empty.mkdir()
+    assert check.install_wheels(empty, tmp_path / "t") == (None, f"--wheels {empty}: no .whl files there")
+
+
+def test_a_stopped_check_kills_its_stage_and_says_where_it_stopped(tmp_path):
+    """SIGTERM (a scheduler's limit) to the check: the running stage's processes end with it, exit 130,
+    and the report names the stage it stopped in."""
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), str(out), "--tiny", "--stages=tests"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (out / "report.json").exists() or "running" not in (out / "report.json").read_text():
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(0.5)
+    children = [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and is_child_of(p, proc.pid)]
+    assert children  # the stage is running in its own process
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 130
+    assert not any(Path("/proc", pid).exists() and not is_zombie(pid) for pid in children)
+    report = json.loads((out / "report.json").read_text())
+    assert report["stages"]["tests"] == {"status": "failed", "reason": "the check was stopped during it"}
+    assert "stopped" in report and "| tests | failed |" in (out / "report.md").read_text()
+
+
+def is_child_of(proc: Path, parent: int) -> bool:
+    try:
+        return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == parent
+    except (OSError, IndexError, ValueError):
+        return False
+
+
+def is_zombie(pid: str) -> bool:
+    try:
+        return Path("/proc", pid, "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_the_tests_that_ended_are_kept_when_the_stage_is_cut_short(tmp_path):
+    """Without pytest's report (a stage stopped at its cap), the tests stage reads pytest's verbose
+    lines, so it still reports every test that ended before."""
+    lines = [
+        "tests/test_gpu.py::test_a[cuda] PASSED                                   [  8%]",
+        "tests/test_gpu.py::test_b[cuda-bf16] FAILED                              [ 16%]",
+        "tests/test_gpu.py::test_c[cuda] SKIPPED (needs a CUDA GPU)               [ 25%]",
+        "E       AssertionError: tests/test_gpu.py::test_a[cuda] PASSED",
+    ]
+    partial = check.tests_result("\n".join(lines), tmp_path, None, {})
+    assert [(t["test"], t["outcome"]) for t in partial["figures"]["tests"]] == [
+        ("test_gpu::test_a[cuda]", "passed"),
+        ("test_gpu::test_b[cuda-bf16]", "failed"),
+        ("test_gpu::test_c[cuda]", "skipped"),
+    ]
+    assert partial["status"] == "failed" and partial["reason"] == "incomplete: pytest wrote no report"
+    assert partial["figures"]["counts"] == {"passed": 1, "failed": 1, "skipped": 1, "errors": 0}
+    seen = partial["figures"]["tests"]
+    assert check.test_result(seen, 1)["reason"] == "1 of 3 tests failed"
+    whole = check.test_result(seen[::2], 0)
+    assert (whole["status"], whole["reason"]) == ("ok", None)
+    assert whole["figures"]["counts"] == {"passed": 1, "failed": 0, "skipped": 1, "errors": 0}

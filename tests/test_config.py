@@ -94,15 +94,11 @@ def test_cli_reports_one_line_and_exit_status_2(tmp_path):
 
 
 def test_dry_run_prints_the_exact_parameter_count():
-    proc = subprocess.run(
-        [sys.executable, "-m", "nmt", "train", "wmt14-en-de-base", "--dry-run"],
-        capture_output=True,
-        text=True,
-    )
-    if proc.returncode != 0 and "no such recipe" in proc.stderr:
+    result = CliRunner().invoke(app, ["train", "wmt14-en-de-base", "--dry-run"])
+    if result.exit_code != 0 and "no such recipe" in result.stderr:
         pytest.skip("WMT14 recipes not present")
-    assert proc.returncode == 0, proc.stderr
-    assert "parameters: 63,082,496" in proc.stderr
+    assert result.exit_code == 0, result.output
+    assert "parameters: 63,082,496" in result.stderr
 
 
 def test_every_command_has_help_with_examples():

@@ -10,10 +10,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -29,7 +25,7 @@ from nmt.model import Transformer
 from nmt.tokens import BOS, EOS, PAD
 from nmt.train.loss import label_smoothed_nll, projected_label_smoothed_nll
 from nmt.train.runtime import Runtime
-from nmt.train.update import forward_backward, optimizer_step
+from nmt.train.update import Learner, forward_backward, optimizer_step
 
 from .synthetic import make_config, make_workdir, reverse
 
@@ -94,6 +90,13 @@ def tiny_model(device: str, seed: int = 0, dtype: torch.dtype = torch.float32, *
     return Transformer(cfg, VOCAB).to(device=device, dtype=dtype)
 
 
+def learner(model: Transformer, rt: Runtime, net: torch.nn.Module | None = None) -> Learner:
+    """The trainer's Learner around `model`: label smoothing 0.1, no clipping, a plain SGD step."""
+    train = dataclasses.replace(make_config().train, label_smoothing=0.1, clip_norm=0.0)
+    net = model if net is None else net  # a compiled module has no truth value
+    return Learner(net, model, torch.optim.SGD(model.parameters(), lr=0.01), None, train, rt)
+
+
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     """||got - want|| / ||want||, in float64."""
     got, want = got.double(), want.double()
@@ -138,7 +141,7 @@ def test_a_bf16_update_gives_the_fp32_loss_and_gradients(device):
         model = tiny_model(device).train()
         if jitter is not None:
             jitter_to_bf16_rounding(model, jitter)
-        sums = forward_backward(model, model.output_weight, update.batches, norm, 0.1, rt[dtype], None)
+        sums = forward_backward(learner(model, rt[dtype]), update.batches, norm)
         return sums.cpu(), gradients(model)
 
     sums32, grads32 = run(torch.float32)
@@ -326,7 +329,7 @@ def test_the_compiled_training_step_equals_eager(device, precision, monkeypatch)
     rt = Runtime(device=resolve_device(device), dtype=DTYPES[precision])
     eager = tiny_model(device).train()
     compiled = copy.deepcopy(eager)
-    net = compile_for_training(compiled)
+    learners = learner(eager, rt), learner(compiled, rt, compile_for_training(compiled))
     torch._dynamo.config.suppress_errors = False  # here a failure to compile is what we look for
     try:
         exact = precision == "fp32"
@@ -334,16 +337,14 @@ def test_the_compiled_training_step_equals_eager(device, precision, monkeypatch)
             sizes = ((5 + seed, 7 + 2 * seed, 6 + seed), (3, 10 + seed, 9))
             update = random_update(device, seed=10 + seed, sizes=sizes)
             norm = 1 / update.target_tokens
-            s_e = forward_backward(eager, eager.output_weight, update.batches, norm, 0.1, rt, None)
-            s_c = forward_backward(net, compiled.output_weight, update.batches, norm, 0.1, rt, None)
+            s_e, s_c = (forward_backward(each, update.batches, norm) for each in learners)
             torch.testing.assert_close(s_c, s_e, rtol=1e-4 if exact else 0.02, atol=0)
             g_e, g_c = gradients(eager), gradients(compiled)
             assert g_c.keys() == g_e.keys()
             for name in g_e:
                 assert relative_error(g_c[name], g_e[name]) < (1e-4 if exact else 0.05), name
-            for model in (eager, compiled):
-                optimizer = torch.optim.SGD(model.parameters(), lr=0.01)  # a plain step: weights move alike
-                optimizer_step(model, optimizer, None, 0.0)
+            for each in learners:  # a plain SGD step: weights move alike
+                optimizer_step(each)
         for (name, a), b in zip(eager.state_dict().items(), compiled.state_dict().values(), strict=True):
             assert relative_error(b, a) < (1e-4 if exact else 0.02), name
         assert counters["stats"]["unique_graphs"] >= 1, "nothing was compiled"
@@ -395,231 +396,3 @@ def test_a_killed_run_on_the_device_resumes_bit_exact_in_fp32_eager(device, reve
     steps, every = (300, 20) if device == "cuda" else (30, 10)
     cfg = make_config(max_steps=steps, save_every=every, device=device, precision="fp32", compile=False)
     killed_and_resumed_equals_straight(tmp_path, reversal, cfg, env=ENV)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# benchmarks/gpu_check.py, tiny, on the CPU
-
-
-def gpu_check():
-    import importlib
-
-    return importlib.import_module("gpu_check")  # benchmarks/ is on the path (tests/__init__.py)
-
-
-def multi30k_like(root: Path) -> Path:
-    """A work directory laid out as `nmt preprocess multi30k-en-de` leaves it, of the reversal task."""
-    import random
-
-    from nmt.data.binarized import write_split
-
-    from .synthetic import make_subword, sentence
-
-    data = root / "data"
-    subword = make_subword(data)
-    rng = random.Random(1)
-    for split, n in (("train", 1000), ("valid", 20), ("test", 20)):
-        src = [sentence(rng) for _ in range(n)]
-        tgt = [reverse(s) for s in src]
-        if split == "test":
-            (data / "test").mkdir()
-            (data / "test" / "test_2016_flickr.en").write_text("\n".join(src) + "\n")
-            (data / "test" / "test_2016_flickr.de").write_text("\n".join(tgt) + "\n")
-            continue
-        write_split(data / split, subword.encode(src), subword.encode(tgt), vocab_size=subword.vocab_size)
-        if split == "valid":
-            (data / "valid.en").write_text("\n".join(src) + "\n")
-            (data / "valid.de").write_text("\n".join(tgt) + "\n")
-    return root
-
-
-def run_gpu_check(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    """As on a bare GPU machine: from the source tree with PYTHONPATH=., not the installed package."""
-    root = Path(__file__).resolve().parent.parent
-    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, str(root / "benchmarks" / "gpu_check.py"), *args]
-    return subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
-
-
-@pytest.mark.slow
-def test_the_gpu_check_runs_every_stage_tiny_on_the_cpu(tmp_path):
-    """`gpu_check.py --tiny` end to end (a minute or two on 2 shared cores): every stage ran, and the
-    report holds what each one measured."""
-    import importlib.util
-    import json
-
-    out = tmp_path / "out"
-    done = run_gpu_check(str(out), "--tiny", "--data", str(multi30k_like(tmp_path / "m30k")))
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads((out / "report.json").read_text())
-    stages = report["stages"]
-    assert list(stages) == [s.name for s in gpu_check().STAGES]
-    assert {n: e["status"] for n, e in stages.items()} == dict.fromkeys(stages, "ok"), stages
-    assert report["tiny"] and report["finished"]
-
-    env = stages["environment"]["figures"]
-    assert env["torch"] == torch.__version__ and env["cuda"] == CUDA
-
-    tests = stages["tests"]["figures"]
-    assert len(tests["tests"]) >= 12  # every CUDA case of this module, and no CPU case
-    assert all(t["test"].startswith("test_gpu::") and "cuda" in t["test"] for t in tests["tests"])
-    if not CUDA:
-        assert tests["counts"]["skipped"] == len(tests["tests"])
-        assert all("needs a CUDA GPU" in t["message"] for t in tests["tests"])
-
-    for name in ("train-base-eager", "train-base-compiled", "train-big-eager", "train-big-compiled"):
-        f = stages[name]["figures"]
-        assert f["recipe"] == f"wmt14-en-de-{name.split('-')[1]}" and f["mode"] == name.split("-")[2]
-        assert f["dtype"] == "bfloat16" and f["accumulation"] == 2
-        assert f["target_tokens_per_s"] > 0 and f["peak_memory_bytes"] > 0
-        mfu = 6 * f["parameters"] * f["target_tokens_per_s"] / f["matmul_flops_per_s"]
-        assert f["mfu_6n"] == pytest.approx(mfu) and f["mfu"] > 0
-        assert 0 <= f["end_to_end_data_wait"] < 1
-
-    decode = stages["decode"]
-    engines = [r["engine"] for r in decode["figures"]["rows"]]
-    if importlib.util.find_spec("ctranslate2"):  # on the CPU: nmt fp32 and int8 beside CTranslate2's
-        assert engines == ["nmt fp32", "nmt int8", "CTranslate2 float32", "CTranslate2 int8"]
-    else:
-        assert engines == ["nmt fp32", "nmt int8"] and "ctranslate2 is not importable" in decode["notes"][0]
-    assert all(r["target_tokens_per_s"] > 0 for r in decode["figures"]["rows"])
-    assert decode["figures"]["rows"][0]["nmt_time_over_engine_time"] == 1.0
-
-    demo = stages["demo"]["figures"]
-    assert demo["training"]["updates"] > 0
-    bleu = demo["tests"]["test_2016_flickr"]
-    assert 0 <= bleu["bleu"] <= 100 and bleu["signature"].startswith("nrefs:1")
-
-    md = (out / "report.md").read_text()
-    for name in stages:
-        assert f"| {name} | ok |" in md
-    assert "## Targets" in md and "| MFU base >= 30% |" in md
-    assert md.count("| wmt14-en-de-b") == 4 and "| nmt fp32 |" in md
-    assert f"test_2016_flickr: sacreBLEU {bleu['bleu']}" in md
-    assert (out / "logs" / "demo.log").read_text()
-
-
-def test_a_stage_out_of_time_is_recorded_and_the_rest_still_reported(tmp_path):
-    """A stage killed at its cap is a failed stage with its log's end; a stage the budget cannot hold
-    is skipped with the reason and the command that runs it alone; the report is still written."""
-    import json
-
-    out = tmp_path / "out"
-    done = run_gpu_check(str(out), "--tiny", "--stages", "environment,decode", "--budget", "0.5", timeout=60)
-    assert done.returncode == 0, done.stderr
-    stages = json.loads((out / "report.json").read_text())["stages"]
-    assert stages["environment"]["status"] == "failed"
-    assert stages["environment"]["reason"].startswith("timed out after")
-    assert stages["decode"] == {
-        "status": "skipped",
-        "reason": "the 0-second budget was spent before it; run it alone with --stages decode",
-    }
-    md = (out / "report.md").read_text()
-    assert "| environment | failed |" in md and "| decode | skipped |" in md and "## Failures" in md
-
-
-def test_bad_arguments_are_one_line_and_exit_2(tmp_path, capsys):
-    check = gpu_check()
-    assert check.main([str(tmp_path / "out"), "--stages", "tests,nope"]) == 2
-    assert capsys.readouterr().err.strip() == (
-        "error: --stages: no stage 'nope'; stages: " + ", ".join(s.name for s in check.STAGES)
-    )
-    assert check.main([str(tmp_path / "out"), "--data", str(tmp_path)]) == 2
-    assert "no preprocessed data there" in capsys.readouterr().err
-    assert not (tmp_path / "out").exists()
-
-
-def test_a_stage_gets_its_cap_or_what_the_later_stages_leave():
-    check = gpu_check()
-    tests, demo = check.BY_NAME["tests"], check.BY_NAME["demo"]
-    assert check.stage_budget(tests, left=1000, later=[demo], tiny=False) == tests.cap
-    assert check.stage_budget(tests, left=200, later=[demo], tiny=False) == 200 - demo.minimum
-    assert check.stage_budget(tests, left=200, later=[demo], tiny=True) == 200  # --tiny keeps nothing
-
-
-def test_carried_wheels_are_unpacked_onto_the_stages_path(tmp_path):
-    """--wheels: a machine without a package index gets pytest or ctranslate2 from wheels carried along."""
-    import argparse
-    import zipfile
-
-    check = gpu_check()
-    wheels = tmp_path / "wheels"
-    wheels.mkdir()
-    with zipfile.ZipFile(wheels / "carried-1.0-py3-none-any.whl", "w") as z:
-        z.writestr("carried/__init__.py", "VALUE = 42\n")
-        z.writestr("carried-1.0.dist-info/METADATA", "Name: carried\nVersion: 1.0\n")
-    report: dict = {}
-    args = argparse.Namespace(wheels=wheels)
-    env = check.child_env(tmp_path / "out", args, report)
-    assert report["wheels"] == f"unpacked carried from {wheels}"
-    code = "import carried, nmt; print(carried.VALUE)"
-    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True)
-    assert done.stdout.strip() == "42", done.stderr  # and nmt from the source tree, not from tmp_path
-    empty = tmp_path / "none"
-    empty.mkdir()
-    assert check.install_wheels(empty, tmp_path / "t") == (None, f"--wheels {empty}: no .whl files there")
-
-
-def test_a_stopped_check_kills_its_stage_and_says_where_it_stopped(tmp_path):
-    """SIGTERM (a scheduler's limit) to the check: the running stage's processes end with it, exit 130,
-    and the report names the stage it stopped in."""
-    import json
-
-    root = Path(__file__).resolve().parent.parent
-    out = tmp_path / "out"
-    env = {**os.environ, "PYTHONPATH": str(root)}
-    cmd = [sys.executable, str(root / "benchmarks" / "gpu_check.py"), str(out), "--tiny", "--stages=tests"]
-    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while not (out / "report.json").exists() or "running" not in (out / "report.json").read_text():
-        assert proc.poll() is None and time.monotonic() < deadline
-        time.sleep(0.05)
-    time.sleep(0.5)
-    children = [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and is_child_of(p, proc.pid)]
-    assert children  # the stage is running in its own process
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=30) == 130
-    assert not any(Path("/proc", pid).exists() and not is_zombie(pid) for pid in children)
-    report = json.loads((out / "report.json").read_text())
-    assert report["stages"]["tests"] == {"status": "failed", "reason": "the check was stopped during it"}
-    assert "stopped" in report and "| tests | failed |" in (out / "report.md").read_text()
-
-
-def is_child_of(proc: Path, parent: int) -> bool:
-    try:
-        return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == parent
-    except (OSError, IndexError, ValueError):
-        return False
-
-
-def is_zombie(pid: str) -> bool:
-    try:
-        return Path("/proc", pid, "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
-
-
-def test_the_tests_that_ended_are_kept_when_the_stage_is_cut_short():
-    """The tests stage reads pytest's verbose lines as they come, so a stage stopped at its cap still
-    reports every test that ended before."""
-    check = gpu_check()
-    lines = [
-        "tests/test_gpu.py::test_a[cuda] PASSED                                   [  8%]",
-        "tests/test_gpu.py::test_b[cuda-bf16] FAILED                              [ 16%]",
-        "tests/test_gpu.py::test_c[cuda] SKIPPED (needs a CUDA GPU)               [ 25%]",
-        "E       AssertionError: tests/test_gpu.py::test_a[cuda] PASSED",
-    ]
-    found = [m.groups() for line in lines if (m := check.VERBOSE_OUTCOME.match(line))]
-    assert found == [
-        ("tests/test_gpu.py::test_a[cuda]", "PASSED"),
-        ("tests/test_gpu.py::test_b[cuda-bf16]", "FAILED"),
-        ("tests/test_gpu.py::test_c[cuda]", "SKIPPED"),
-    ]
-    seen = [{"test": t, "outcome": o.lower(), "message": "", "seconds": None} for t, o in found]
-    partial = check.test_result(seen, None, "incomplete: pytest was still running")
-    assert partial["status"] == "failed" and partial["reason"] == "incomplete: pytest was still running"
-    assert partial["figures"]["counts"] == {"passed": 1, "failed": 1, "skipped": 1, "errors": 0}
-    assert check.test_result(seen, 1)["reason"] == "1 of 3 tests failed"
-    whole = check.test_result(seen[::2], 0)
-    assert (whole["status"], whole["reason"]) == ("ok", None)
-    assert whole["figures"]["counts"] == {"passed": 1, "failed": 0, "skipped": 1, "errors": 0}

@@ -310,23 +310,13 @@ def test_export_import_round_trip_keeps_weights_and_translations(exported: Path,
 
 
 def test_pre_norm_export_is_one_line_error(tmp_path):
-    from nmt.checkpoint import save_checkpoint
-    from nmt.model import Transformer
+    from nmt.untrained import save_random_model
 
     from .synthetic import make_config, make_subword
 
     cfg = make_config()
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, norm="pre"))
-    subword = make_subword(tmp_path / "spm")
-    model = Transformer(cfg.model, subword.vocab_size)
-    path = tmp_path / "pre.pt"
-    save_checkpoint(
-        path,
-        model_state=model.state_dict(),
-        config=cfg,
-        subword_proto=subword.proto,
-        vocab_size=model.vocab_size,
-    )
+    path = save_random_model(tmp_path / "pre.pt", cfg, make_subword(tmp_path / "spm"))
     result = runner.invoke(
         app, ["export", "-m", str(path), "--format", "huggingface", "-o", str(tmp_path / "o")]
     )

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from common import train_spm
 from typer.testing import CliRunner
 
 from nmt.checkpoint import load_checkpoint, save_checkpoint
@@ -21,6 +20,7 @@ from nmt.cli import app
 from nmt.config import config_from_dict, config_to_dict, load_config
 from nmt.errors import CheckpointError, ConfigError, DataError
 from nmt.model import Transformer
+from nmt.subword import train_sentencepiece
 from nmt.translate.stream import read_chunks
 
 from .synthetic import make_config, make_subword
@@ -107,12 +107,20 @@ def test_an_output_that_is_the_input_is_refused_before_anything_is_written(made,
     assert src.read_bytes() == text
 
 
+def default_sigint() -> None:
+    """Ctrl-C as from a terminal: a suite started in the background (`make test &`) hands its children
+    SIGINT ignored, and Python then never turns it into KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_mid_translation_leaves_the_previous_output(made, tmp_path):
     previous = tmp_path / "prev.de"
     previous.write_bytes(b"an earlier translation\n" * 320)
     before = previous.read_bytes()
     cmd = [*NMT, "translate", "-m", str(made["path"]), "-o", str(previous), "--interactive"]
-    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV)
+    proc = subprocess.Popen(
+        cmd, stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV, preexec_fn=default_sigint
+    )
     try:
         proc.stdin.write(b"a b c\n")  # answered at once: the first translation is written, the rest to come
         proc.stdin.flush()
@@ -185,7 +193,7 @@ def test_average_accepts_only_checkpoints_of_one_model(made, tmp_path):
     # The same number of pieces, other ones: a model of another language pair.
     letters = "qrstuvwxyzäöüßéè"
     lines = [" ".join(letters[(i * 7 + j) % 16] for j in range(8)) for i in range(500)]
-    other_vocab = train_spm(lines, tmp_path / "other" / "spm", VOCAB, model_type="word").proto
+    other_vocab = train_sentencepiece(lines, tmp_path / "other" / "spm", VOCAB, model_type="word").proto
     cases = {
         "config": save(tmp_path / "config.pt", other_model.state_dict(), other_cfg, made["subword"].proto),
         "vocabulary": save(tmp_path / "vocab.pt", made["state"], made["cfg"], other_vocab),

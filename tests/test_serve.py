@@ -301,7 +301,9 @@ def test_a_full_queue_answers_503_and_a_late_request_504(synthetic_run):
 
 
 def test_sigterm_answers_in_flight_and_exits_0_whatever_the_clients_do(synthetic_run):
-    s = Server(synthetic_run / "checkpoints" / "best.pt", "--batch-wait-ms", "1500")
+    # The stalled body gets its 408 at the read deadline, after which the server can exit: 4 s rather
+    # than the default 10 keep the test short, and still far past the clients' setup.
+    s = Server(synthetic_run / "checkpoints" / "best.pt", "--batch-wait-ms", "1500", "--read-timeout", "4")
     try:
         body = json.dumps(libre("a b")).encode()
         request = b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)

@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from typer.testing import CliRunner
 
 from nmt.checkpoint import load_checkpoint, load_model, step_checkpoints
+from nmt.cli import app
 from nmt.config import config_to_dict
 from nmt.data.batching import collate
 from nmt.data.binarized import ParallelData
@@ -252,13 +254,13 @@ def test_non_finite_losses_are_skipped_then_stop_training(tmp_path, synthetic, m
 
     workdir = fresh_workdir(tmp_path, synthetic)
     train(make_config(max_steps=5, save_every=5), workdir)
-    real = trainer.projected_label_smoothed_nll
+    real = trainer.batch_loss
 
     def poisoned(*args, **kwargs):
         loss, nll = real(*args, **kwargs)
         return loss * float("nan"), nll
 
-    monkeypatch.setattr(trainer, "projected_label_smoothed_nll", poisoned)
+    monkeypatch.setattr(trainer, "batch_loss", poisoned)
     with pytest.raises(NmtError, match="non-finite updates in a row"):
         train(make_config(max_steps=50, save_every=5, max_nonfinite=3), workdir)
     # the last good checkpoint is untouched
@@ -429,19 +431,20 @@ def test_resume_refuses_what_changed_with_one_line_and_exit_2(tmp_path, syntheti
     train(cfg, workdir)
     raw = config_to_dict(make_config(max_steps=20, save_every=10))
     if change == "vocabulary":  # preprocessing redone: a SentencePiece model of other bytes
-        from common import train_spm
+        from nmt.subword import train_sentencepiece
 
         from .synthetic import LETTERS
 
         # the same letters, other frequencies: other scores, other bytes
         lines = [" ".join(LETTERS[: 1 + i % 16]) for i in range(500)]
-        train_spm(lines, data / "spm", len(LETTERS) + 4, model_type="word")
+        train_sentencepiece(lines, data / "spm", len(LETTERS) + 4, model_type="word")
     else:
         for section, values in change.items():
             raw[section].update(values)
-    result = nmt_train(write_recipe(tmp_path / "changed.yaml", config_from_dict(raw)), workdir)
-    err = result.communicate(timeout=120)[1]
-    assert result.returncode == 2, err
+    recipe = write_recipe(tmp_path / "changed.yaml", config_from_dict(raw))
+    result = CliRunner().invoke(app, ["train", str(recipe), "--workdir", str(workdir)])
+    err = result.stderr
+    assert result.exit_code == 2, result.output  # 2: no exception escaped
     assert named in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1, err
 

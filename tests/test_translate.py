@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from common import save_random_model, train_spm
 from typer.testing import CliRunner
 
 from nmt.cli import app
 from nmt.config import config_from_dict
+from nmt.subword import train_sentencepiece
 from nmt.translate import Translator, token_batches
+from nmt.untrained import save_random_model
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"  # what str.splitlines() splits on
@@ -42,7 +43,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def checkpoint(tmp_path_factory) -> Path:
     """A tiny random Transformer with a SentencePiece model trained here, saved as `nmt train` would."""
     d = tmp_path_factory.mktemp("model")
-    sub = train_spm(sentences(3000, 0), d / "spm", 120, character_coverage=1.0)
+    sub = train_sentencepiece(sentences(3000, 0), d / "spm", 120, character_coverage=1.0)
     corpus = {"name": "x", "src": {"url": "http://127.0.0.1/x", "sha256": "0" * 64}}
     corpus["tgt"] = corpus["src"]
     cfg = config_from_dict(
@@ -277,18 +278,21 @@ def test_beam_search_on_a_trained_model_reverses_the_sequences(synthetic_run):
 def test_an_ensemble_of_a_model_with_itself_translates_as_the_model(synthetic_run):
     best = str(synthetic_run / "checkpoints" / "best.pt")
     lines = b"a b c d\nb c d e f g\n\np o n\n"
-    alone = nmt_translate("-m", best, stdin=lines)
-    twice = nmt_translate("-m", best, "-m", best, stdin=lines)
-    assert alone.returncode == twice.returncode == 0, twice.stderr
-    assert out_lines(twice.stdout) == out_lines(alone.stdout) == ["d c b a", "g f e d c b", "", "n o p"]
+    alone = CliRunner().invoke(app, ["translate", "-m", best], input=lines)
+    twice = CliRunner().invoke(app, ["translate", "-m", best, "-m", best], input=lines)
+    assert alone.exit_code == twice.exit_code == 0, twice.output
+    assert (
+        out_lines(twice.stdout_bytes)
+        == out_lines(alone.stdout_bytes)
+        == ["d c b a", "g f e d c b", "", "n o p"]
+    )
 
 
 def test_an_ensemble_of_models_with_other_vocabularies_is_refused(synthetic_run, checkpoint):
-    result = nmt_translate(
-        "-m", str(synthetic_run / "checkpoints" / "best.pt"), "-m", str(checkpoint), stdin=b"a\n"
-    )
-    assert result.returncode == 2
-    assert result.stderr.decode().count("\n") == 1 and str(checkpoint) in result.stderr.decode()
+    best = str(synthetic_run / "checkpoints" / "best.pt")
+    result = CliRunner().invoke(app, ["translate", "-m", best, "-m", str(checkpoint)], input=b"a\n")
+    assert result.exit_code == 2
+    assert result.stderr.count("\n") == 1 and str(checkpoint) in result.stderr
 
 
 def test_sampling_repeats_with_its_seed(checkpoint):
@@ -306,19 +310,22 @@ def test_a_prefix_file_is_continued_and_must_cover_the_input(synthetic_run, tmp_
     best = str(synthetic_run / "checkpoints" / "best.pt")
     prefixes = tmp_path / "prefix.yy"
     prefixes.write_text("a a\n\nb\n")
-    result = nmt_translate("-m", best, "--prefix", str(prefixes), stdin=b"c d e\nc d e\nf g\n")
-    assert result.returncode == 0, result.stderr
-    out = out_lines(result.stdout)
+    args = ["translate", "-m", best, "--prefix", str(prefixes)]
+    result = CliRunner().invoke(app, args, input=b"c d e\nc d e\nf g\n")
+    assert result.exit_code == 0, result.output
+    out = out_lines(result.stdout_bytes)
     assert out[0].startswith("a a ") and out[1] == "e d c" and out[2].startswith("b ")
-    short = nmt_translate("-m", best, "--prefix", str(prefixes), stdin=b"a\nb\nc\nd\n")
-    assert short.returncode == 2 and b"no line 4" in short.stderr
+    short = CliRunner().invoke(app, args, input=b"a\nb\nc\nd\n")
+    assert short.exit_code == 2 and "no line 4" in short.stderr
 
 
 def test_no_repeat_ngram_size_through_the_command_line(synthetic_run):
     best = str(synthetic_run / "checkpoints" / "best.pt")
-    result = nmt_translate("-m", best, "--no-repeat-ngram-size", "1", stdin=b"a b a b c\n")
-    assert result.returncode == 0, result.stderr
-    (line,) = out_lines(result.stdout)
+    result = CliRunner().invoke(
+        app, ["translate", "-m", best, "--no-repeat-ngram-size", "1"], input=b"a b a b c\n"
+    )
+    assert result.exit_code == 0, result.output
+    (line,) = out_lines(result.stdout_bytes)
     assert len(line.split()) == len(set(line.split()))  # the reversal would repeat a and b
 
 
@@ -336,9 +343,9 @@ def test_no_repeat_ngram_size_through_the_command_line(synthetic_run):
     ],
 )
 def test_out_of_range_decoding_options_exit_2(checkpoint, option, value):
-    result = nmt_translate("-m", str(checkpoint), option, value, stdin=b"a\n")
-    assert result.returncode == 2 and result.stdout == b"", result.stderr
-    (message,) = result.stderr.decode().strip().splitlines()  # one line, no traceback
+    result = CliRunner().invoke(app, ["translate", "-m", str(checkpoint), option, value], input=b"a\n")
+    assert result.exit_code == 2 and result.stdout == "", result.output  # 2: no exception escaped
+    (message,) = result.stderr.strip().splitlines()  # one line, no traceback
     assert f"{option}: " in message and f"got {value}" in message, message
 
 

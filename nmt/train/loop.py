@@ -24,11 +24,11 @@ from nmt.data.loader import Loader, batch_plan, load_data, update_plan
 from nmt.errors import Interrupted, NmtError
 from nmt.model import Transformer, count_parameters
 from nmt.train.monitor import MetricsLog, ProgressDisplay, TrainMeter
-from nmt.train.optim import build_optimizer, learning_rate
+from nmt.train.optim import learning_rate
 from nmt.train.resume import disk_line, resume, run_facts, save_training_checkpoint
-from nmt.train.runtime import check_same_start, compile_for_training, elastic_notes, setup_runtime
+from nmt.train.runtime import check_same_start, elastic_notes, setup_runtime
 from nmt.train.stopping import StopRequest, agree_to_stop, broadcast_stop, budget_used, finished
-from nmt.train.update import Learner, train_step
+from nmt.train.update import build_learner, train_step
 from nmt.train.validate import validate
 
 
@@ -39,36 +39,23 @@ def train(cfg: Config, workdir: Path, console: Console | None = None) -> Path:
     log = console if rt.is_main else Console(quiet=True)
     data = load_data(cfg, workdir)
     ckpt_dir = workdir / "checkpoints"
-    torch.manual_seed(cfg.train.seed)
     random.seed(cfg.train.seed)
-
-    model = Transformer(cfg.model, data.subword.vocab_size).to(rt.device)
-    optimizer = build_optimizer(model.parameters(), cfg.train)
-    scaler = torch.amp.GradScaler("cuda") if rt.dtype == torch.float16 else None
-    prog = resume(ckpt_dir, model, optimizer, scaler, cfg, data, rt, log)
+    learner = build_learner(cfg, rt, data.subword.vocab_size)
+    prog = resume(ckpt_dir, learner, cfg, data, log)
     check_same_start(prog.step, rt)
     facts = run_facts(data, rt)
+    model, t = learner.model, cfg.train
     for line in [*summary_lines(cfg, model, rt.world_size), rt.describe(cfg), *elastic_notes()]:
         log.print(line, highlight=False)
     stop_reason = finished(prog, cfg)
     if stop_reason:
         log.print(f"training already finished at step {prog.step}: {stop_reason}", highlight=False)
         return best_or_last(ckpt_dir)
-    net = model
-    if rt.world_size > 1:
-        net = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[rt.device] if rt.device.type == "cuda" else None
-        )
-    if cfg.train.compile:
-        net = compile_for_training(net)
 
-    t = cfg.train
-    learner = Learner(net, model, optimizer, scaler, t, rt)
     plan = update_plan(data.train, cfg, rt.rank, rt.world_size, prog.epoch, prog.cursor)
     metrics, meter = MetricsLog(workdir, rt.is_main), TrainMeter(rt)
     last_saved, started = prog.step, time.monotonic() - prog.elapsed
     used = budget_used(prog, cfg)  # agreed by all ranks, like the stop
-    model.train()
     with (
         Loader(data.train, plan, rt.device) as loader,
         StopRequest() as stop,
@@ -82,7 +69,7 @@ def train(cfg: Config, workdir: Path, console: Console | None = None) -> Path:
             # 2. forward/backward over its micro-batches, clip and step; a non-finite update is skipped
             grad_norm, sums = train_step(learner, update, lr)
             if grad_norm is None:
-                if scaler is not None and scaler.get_scale() >= 1.0:
+                if learner.scaler is not None and learner.scaler.get_scale() >= 1.0:
                     continue  # fp16 overflow: the scaler has lowered its scale for the next update
                 prog.nonfinite_in_row += 1
                 log.print(f"[yellow]warning:[/] non-finite loss or gradient at step {prog.step + 1}; skipped")
@@ -125,9 +112,7 @@ def train(cfg: Config, workdir: Path, console: Console | None = None) -> Path:
             if saving or better:
                 prog.elapsed = time.monotonic() - started
                 if rt.is_main:
-                    save_training_checkpoint(
-                        ckpt_dir, model, optimizer, scaler, cfg, data.subword, prog, better, facts
-                    )
+                    save_training_checkpoint(ckpt_dir, learner, cfg, data.subword, prog, better, facts)
                 last_saved = prog.step
             if rt.world_size > 1 and validating:
                 stop_reason = broadcast_stop(stop_reason, rt)

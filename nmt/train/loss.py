@@ -1,4 +1,5 @@
-"""Label-smoothed cross-entropy (Szegedy et al., 2016; paper section 5.4) as a pure function."""
+"""Label-smoothed cross-entropy (Szegedy et al., 2016; paper section 5.4) as a pure function, and
+`batch_loss`, the model's loss on one batch: what an update differentiates and validation sums."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from nmt.tokens import PAD
 
 
 def label_smoothed_nll(
@@ -57,6 +60,23 @@ def projected_label_smoothed_nll(
     Returns (loss, nll) as label_smoothed_nll does; only the loss is differentiable.
     """
     return _ProjectedSmoothedNLL.apply(hidden, weight, target, epsilon, ignore_index, chunk, bias)
+
+
+def batch_loss(
+    model, batch: tuple[Tensor, Tensor, Tensor], epsilon: float, net=None
+) -> tuple[Tensor, Tensor]:
+    """The summed (loss, nll) of one collated batch (src, tgt_in, tgt_out), padding left out.
+
+    `net` runs forward: the model itself (the default), or its DDP or compiled wrapper. It stops before
+    the output projection, which the loss does chunk by chunk with the model's shared embedding matrix;
+    under DDP the projection's gradient reaches that matrix within the same backward pass, before DDP's
+    hook on it runs.
+    """
+    src, tgt_in, tgt_out = batch
+    states = (model if net is None else net)(src, tgt_in, project=False)  # (B, T, D)
+    return projected_label_smoothed_nll(
+        states, model.output_weight, tgt_out, epsilon, PAD, bias=model.output_bias
+    )
 
 
 class _ProjectedSmoothedNLL(torch.autograd.Function):

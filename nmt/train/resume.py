@@ -33,6 +33,7 @@ from nmt.config import Config, config_to_dict
 from nmt.data.loader import TrainData, shard
 from nmt.errors import CheckpointError
 from nmt.train.runtime import Runtime
+from nmt.train.update import Learner
 
 
 @dataclass
@@ -67,15 +68,7 @@ def set_rng_state(state: dict) -> None:
 
 
 def save_training_checkpoint(
-    ckpt_dir: Path,
-    model,
-    optimizer,
-    scaler,
-    cfg: Config,
-    subword,
-    prog: TrainProgress,
-    best: bool,
-    facts: dict,
+    ckpt_dir: Path, learner: Learner, cfg: Config, subword, prog: TrainProgress, best: bool, facts: dict
 ) -> Path:
     """step-N.pt with the weights, last.pt with everything a resume needs, the previous last.pt kept as
     last.prev.pt.
@@ -87,14 +80,15 @@ def save_training_checkpoint(
     path = ckpt_dir / f"step-{prog.step}.pt"
     state = {
         "progress": dataclasses.asdict(prog),
-        "optimizer": optimizer.state_dict(),
-        "scaler": scaler.state_dict() if scaler is not None else None,
+        "optimizer": learner.optimizer.state_dict(),
+        "scaler": learner.scaler.state_dict() if learner.scaler is not None else None,
         "rng": rng_state(),
         "run": facts,
     }
-    weights = model.state_dict()
+    weights = learner.model.state_dict()
     check_free_space(ckpt_dir, tensor_bytes(weights) * 2 + tensor_bytes(state["optimizer"]))
-    common = dict(model_state=weights, config=cfg, subword_proto=subword.proto, vocab_size=model.vocab_size)
+    vocab_size = learner.model.vocab_size
+    common = dict(model_state=weights, config=cfg, subword_proto=subword.proto, vocab_size=vocab_size)
     last = ckpt_dir / "last.pt"
     try:
         save_checkpoint(path, **common)
@@ -270,25 +264,30 @@ def set_aside_later_steps(ckpt_dir: Path, step: int, console: Console) -> None:
         )
 
 
-def resume(
-    ckpt_dir: Path, model, optimizer, scaler, cfg: Config, data: TrainData, rt: Runtime, console: Console
-) -> TrainProgress:
-    """Load the newest readable training state into model, optimizer and scaler, after checking it
-    continues this run; returns its progress (a fresh one when there is nothing to resume)."""
+def resume(ckpt_dir: Path, learner: Learner, cfg: Config, data: TrainData, console: Console) -> TrainProgress:
+    """Load the newest readable training state into the learner's model, optimizer and scaler, after
+    checking it continues this run; returns its progress (a fresh one when there is nothing to resume)."""
+    rt = learner.rt
     found = find_resume_checkpoint(ckpt_dir, console, set_aside=rt.is_main)
     if found is None:
         if cfg.data.init_from:  # fine-tuning: the weights start from the checkpoint, the optimizer fresh
-            init_weights(model, cfg.data.init_from, data.subword)
+            init_weights(learner.model, cfg.data.init_from, data.subword)
             console.print(f"starting from the weights of {cfg.data.init_from}", highlight=False)
         return TrainProgress()
     path, ckpt = found
     check_resume(path, ckpt, cfg, run_facts(data, rt))
     if rt.is_main:
         set_aside_later_steps(ckpt_dir, ckpt.train_state["progress"]["step"], console)
-    model.load_state_dict(ckpt.model_state)
-    optimizer.load_state_dict(ckpt.train_state["optimizer"])
-    if scaler is not None and ckpt.train_state["scaler"]:
-        scaler.load_state_dict(ckpt.train_state["scaler"])
+    learner.model.load_state_dict(ckpt.model_state)
+    try:
+        learner.optimizer.load_state_dict(ckpt.train_state["optimizer"])
+    except ValueError as e:  # its parameter groups: weight decay switched on or off since (build_optimizer)
+        raise CheckpointError(
+            f"{path}: its optimizer state does not fit this run's optimizer ({e}); was train.weight_decay "
+            "changed from or to 0? resume needs the same (or start anew in another --workdir)"
+        ) from None
+    if learner.scaler is not None and ckpt.train_state["scaler"]:
+        learner.scaler.load_state_dict(ckpt.train_state["scaler"])
     prog = TrainProgress(**ckpt.train_state["progress"])
     set_rng_state(ckpt.train_state["rng"])
     console.print(f"resuming from {path} (step {prog.step})", highlight=False)

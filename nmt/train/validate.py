@@ -9,7 +9,7 @@ from nmt.data.batching import collate, epoch_batches
 from nmt.data.loader import TrainData
 from nmt.model import Transformer
 from nmt.tokens import PAD
-from nmt.train.loss import perplexity, projected_label_smoothed_nll
+from nmt.train.loss import batch_loss, perplexity
 from nmt.train.runtime import Runtime
 
 
@@ -20,14 +20,11 @@ def validate(model: Transformer, data: TrainData, cfg: Config, rt: Runtime) -> d
     model.eval()
     loss_sum = nll_sum = tokens = 0.0
     for idx in epoch_batches(data.valid.src_lens, data.valid.tgt_lens, cfg.train.batch_tokens, 0, 0):
-        src, tgt_in, tgt_out = (t.to(rt.device) for t in collate(data.valid, idx))
+        batch = tuple(t.to(rt.device) for t in collate(data.valid, idx))
         with rt.autocast():
-            states = model(src, tgt_in, project=False)  # (B, T, D)
-            loss, nll = projected_label_smoothed_nll(
-                states, model.output_weight, tgt_out, cfg.train.label_smoothing, PAD, bias=model.output_bias
-            )
+            loss, nll = batch_loss(model, batch, cfg.train.label_smoothing)
         loss_sum, nll_sum = loss_sum + loss.item(), nll_sum + nll.item()
-        tokens += int((tgt_out != PAD).sum())
+        tokens += int((batch[2] != PAD).sum())
     result = {
         "loss": loss_sum / tokens,
         "nll": nll_sum / tokens,
