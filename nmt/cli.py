@@ -387,7 +387,8 @@ def translate(
     batch_tokens: Annotated[
         int | None,
         typer.Option(
-            "--max-tokens", help="Batch budget: sentences x beam x longest source. Default: the recipe's."
+            "--max-tokens",
+            help="Batch budget: sentences x beam x max(source, output limit). Default: the recipe's.",
         ),
     ] = None,
     nbest: Annotated[
@@ -493,7 +494,7 @@ def serve(
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on; 0 picks a free one (printed).")] = 5000,
     max_batch_tokens: Annotated[
-        int, typer.Option(help="Subword budget of one batch (sentences x beam x longest source).")
+        int, typer.Option(help="Subword budget of one batch (sentences x beam x max(source, output limit)).")
     ] = 8192,
     batch_wait_ms: Annotated[
         float, typer.Option(help="How long the first request of a batch waits for others to join it.")
