@@ -1,7 +1,8 @@
 """The model worker: one thread owns the model; fair batches from the waiting requests, failures isolated.
 
 Requests are cut into pieces that fit the batch budget (decode.batch_tokens, `--max-batch-tokens`, costed
-by nmt.translate.frontend.batch_cost as `nmt translate` costs its batches), and each batch takes the next
+by nmt.translate.frontend.batch_cost as `nmt translate` costs its batches: by the steps their search may
+take, so a batch of tiny lines is no longer than one of long ones), and each batch takes the next
 piece of every waiting request in turn, so a one-line request waits about one batch however large the
 others are. A batch that fails is retried piece by piece, so only the faulty
 request fails; the worker never dies.
@@ -63,6 +64,7 @@ class Batcher:
         self.jobs: deque[Job] = deque()  # jobs with pieces left, in arrival order
         self.queued = 0  # lines waiting, over all jobs
         self.closing = False
+        self.active: list[Job] = []  # the jobs of the batch being translated
         self.thread = threading.Thread(target=self.run, name="nmt-batcher", daemon=True)
         self.thread.start()
 
@@ -77,7 +79,8 @@ class Batcher:
 
     def cost(self, lines: int, longest: int, nbest: int) -> int:
         """What `lines` lines, the longest of `longest` subwords with its EOS, cost against the budget."""
-        return batch_cost(lines, longest, rows_per_sentence(self.decode, nbest))
+        rows = rows_per_sentence(self.decode, nbest)
+        return batch_cost(lines, longest, rows, self.decode, self.translator.max_source)
 
     def piece_size(self, job: Job, piece: list[int]) -> tuple[int, int]:
         """A piece's lines, and its longest line in subwords with the EOS."""
@@ -120,6 +123,8 @@ class Batcher:
                     return
                 if batch:  # empty when every waiting request had passed its deadline
                     self.serve(batch)
+                with self.cond:
+                    self.active = []
             except Exception as e:  # the worker serves every other request: it must not die
                 self.console.print(f"[red]batcher error:[/] {type(e).__name__}: {e}", highlight=False)
 
@@ -162,6 +167,7 @@ class Batcher:
                 lines, longest = lines + size, max(longest, top)
                 if cost >= self.budget:
                     break
+            self.active = [job for job, _ in batch]
             return batch
 
     def queued_cost(self) -> int:
@@ -217,10 +223,18 @@ class Batcher:
             if not job.pieces:  # its last piece: the earlier ones were done before
                 settle(job)
 
-    def close(self, timeout: float) -> None:
+    def stop(self) -> None:
+        """Take no more batches: every request still waiting, those of the batch being translated
+        included, is answered now that the server is shutting down (503). The worker ends after the
+        batch it is in, so no torch operation outlives the process's last moments."""
         with self.cond:
             self.closing = True
-            for job in list(self.jobs):
+            for job in [*self.jobs, *self.active]:
                 self.drop(job, QueueFull("the server is shutting down"))
             self.cond.notify_all()
+
+    def close(self, timeout: float) -> bool:
+        """Stop, and wait up to `timeout` seconds for the worker to end: whether it did."""
+        self.stop()
         self.thread.join(timeout)
+        return not self.thread.is_alive()

@@ -1,7 +1,9 @@
-"""The server's limits, validated once, and the error a request is answered with."""
+"""The server's limits, validated once; the error a request is answered with, and where a request's
+errors stop being the client's."""
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from nmt.errors import NmtError
@@ -49,3 +51,14 @@ class HTTPError(Exception):
     def __init__(self, status: int, message: str, headers: dict | None = None):
         super().__init__(message)
         self.status, self.headers = status, headers or {}
+
+
+# Whether the request being handled (this task's) has been accepted: read, validated and encoded. Until
+# then any exception is the client's (a JSON 400, made so in one place: nmt.serve.http's endpoint); after
+# it, an exception that is not an HTTPError is the server's own fault (500).
+ACCEPTED: ContextVar[bool] = ContextVar("accepted", default=False)
+
+
+def accept() -> None:
+    """Mark the request being handled as valid: from here on its errors are the server's."""
+    ACCEPTED.set(True)
