@@ -276,12 +276,31 @@ def test_metrics_in_prometheus_text(server):
     with urllib.request.urlopen(server.url + "/metrics", timeout=10) as r:
         assert r.headers["Content-Type"].startswith("text/plain")
         text = r.read().decode()
-    counts = dict(re.findall(r"^nmt_requests_total\{(.*)\} (\d+)$", text, re.M))
-    assert int(counts['method="POST",route="/translate",status="200"']) >= 1
-    assert int(counts['method="GET",route="other",status="404"']) >= 1
+    counts = {k: float(v) for k, v in re.findall(r"^nmt_requests_total\{(.*)\} (\S+)$", text, re.M)}
+    assert counts['method="POST",route="/translate",status="200"'] >= 1
+    assert counts['method="GET",route="other",status="404"'] >= 1
     assert re.search(r'^nmt_request_seconds_bucket\{route="/translate",le="\+Inf"\} [1-9]', text, re.M)
-    assert re.search(r"^nmt_batch_lines_count [1-9]", text, re.M)
-    assert re.search(r"^nmt_queue_lines 0$", text, re.M)
+    for series in ("nmt_batch_lines_count", "nmt_decode_seconds_count", "nmt_queue_seconds_count"):
+        assert re.search(rf"^{series} [1-9]", text, re.M), series
+    assert re.search(r"^nmt_source_tokens_total [1-9]", text, re.M)
+    assert re.search(r"^nmt_translated_characters_total [1-9]", text, re.M)
+    assert re.search(r"^nmt_queue_lines 0(\.0)?$", text, re.M)
+    assert re.search(r"^nmt_requests_in_flight 1(\.0)?$", text, re.M)  # this request
+    assert re.search(r"^process_open_fds [1-9]", text, re.M)  # the process collector
+
+
+def test_metrics_labels_are_a_fixed_set_whatever_the_requests(server):
+    """Made-up methods and paths count as "other": they added a series each, for good."""
+    for i in range(40):
+        server.raw(b"M%dX /made-up-%d HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % (i, i))
+        server.raw(b"M%dX /translate HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % i)
+    with urllib.request.urlopen(server.url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    labels = re.findall(r"^nmt_requests_total\{(.*)\} ", text, re.M)
+    assert not [x for x in labels if "M1X" in x or "made-up" in x]
+    assert 'method="other",route="/translate",status="405"' in labels
+    methods = {re.search(r'method="([^"]*)"', x).group(1) for x in labels}
+    assert methods <= {"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH", "other"}
 
 
 def test_the_page_shows_the_pair_and_settings(server):

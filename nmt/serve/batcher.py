@@ -39,6 +39,7 @@ class Job:
     pieces: deque  # of lists of line indices, in line order
     queued: int  # lines still waiting
     served: int = 0  # pieces taken into batches so far
+    submitted: float = field(default_factory=time.monotonic)
     results: list = field(default_factory=list)
     future: Future = field(default_factory=Future)
 
@@ -46,12 +47,13 @@ class Job:
         return self.future.done()
 
 
-def settle(job: Job) -> None:
+def settle(job: Job, metrics: Metrics) -> None:
     """Answer a job, unless its handler gave up on it (deadline) a moment before."""
     try:
         job.future.set_result(job.results)
     except InvalidStateError:
-        pass
+        return
+    metrics.characters.inc(sum(len(hyps[0][0]) for hyps in job.results))
 
 
 class Batcher:
@@ -110,8 +112,9 @@ class Batcher:
             if self.queued + job.queued > self.settings.max_queue and self.queued > 0:
                 raise QueueFull(f"{self.queued} lines are waiting for the model")
             self.jobs.append(job)
+            self.metrics.tokens.inc(sum(map(len, sources.values())))
             self.queued += job.queued
-            self.metrics.queue_depth = self.queued
+            self.metrics.set_queue(self.queued)
             self.cond.notify()
         return job
 
@@ -160,6 +163,8 @@ class Batcher:
                     continue
                 nbest = job.nbest
                 job.pieces.popleft()
+                if job.served == 0:
+                    self.metrics.queue_seconds.observe(now - job.submitted)
                 job.served += 1
                 if not job.pieces:
                     self.jobs.remove(job)
@@ -187,7 +192,7 @@ class Batcher:
         left = sum(len(p) for p in job.pieces)
         job.pieces.clear()
         self.queued -= left
-        self.metrics.queue_depth = self.queued
+        self.metrics.set_queue(self.queued)
         try:
             job.future.set_exception(error)
         except InvalidStateError:  # answered or given up on already
@@ -195,7 +200,7 @@ class Batcher:
 
     def serve(self, batch: list[tuple[Job, list[int]]]) -> None:
         lines = sum(len(piece) for _, piece in batch)
-        self.metrics.observe_batch(lines)
+        start = time.monotonic()
         try:
             self.translate(batch)
         except Exception:  # one bad request must not fail its batch-mates: retry each alone
@@ -206,9 +211,10 @@ class Batcher:
                     self.console.print(f"[red]a request failed:[/] {type(e).__name__}: {e}", highlight=False)
                     with self.cond:
                         self.drop(job, e)
+        self.metrics.observe_batch(lines, time.monotonic() - start)
         with self.cond:
             self.queued -= lines
-            self.metrics.queue_depth = self.queued
+            self.metrics.set_queue(self.queued)
 
     def translate(self, batch: list[tuple[Job, list[int]]]) -> None:
         pairs = [(job, i) for job, piece in batch for i in piece if not job.done()]
@@ -221,7 +227,7 @@ class Batcher:
             job.results[i] = hyps
         for job, _ in batch:
             if not job.pieces:  # its last piece: the earlier ones were done before
-                settle(job)
+                settle(job, self.metrics)
 
     def stop(self) -> None:
         """Take no more batches: every request still waiting, those of the batch being translated

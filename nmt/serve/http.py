@@ -191,7 +191,7 @@ def build_app(service: Service, settings: ServeSettings, metrics: Metrics, conso
     """The Starlette application: routes, JSON errors, metrics and one log line per request."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
-    from starlette.responses import HTMLResponse, PlainTextResponse, Response
+    from starlette.responses import HTMLResponse, Response
     from starlette.routing import Route
 
     def answer(payload, status: int = 200, headers: dict | None = None) -> Response:
@@ -227,7 +227,8 @@ def build_app(service: Service, settings: ServeSettings, metrics: Metrics, conso
         return HTMLResponse(page_html(service.settings_shown()))
 
     async def prometheus(request):
-        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
+        body, content_type = metrics.render()
+        return Response(body, headers={"Content-Type": content_type})
 
     async def http_error(request, exc: HTTPException) -> Response:
         message = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed here"}
@@ -265,15 +266,16 @@ def build_app(service: Service, settings: ServeSettings, metrics: Metrics, conso
                 status[0] = message["status"]
             await send(message)
 
+        metrics.in_flight.inc()
         try:
             await app(scope, receive, sending)
         finally:
+            metrics.in_flight.dec()
             seconds = time.perf_counter() - start
-            route = scope["path"] if scope["path"] in ROUTES else "other"
-            metrics.observe_request(scope["method"], route, status[0], seconds)
-            if route not in ("/metrics", "/health"):
+            metrics.observe_request(scope["method"], scope["path"], status[0], seconds)
+            if scope["path"] not in ("/metrics", "/health"):
                 console.print(
-                    f"{scope['method']} {scope['path'][:100]} {status[0]} {seconds * 1000:.0f} ms",
+                    f"{scope['method'][:20]} {scope['path'][:100]} {status[0]} {seconds * 1000:.0f} ms",
                     highlight=False,
                     soft_wrap=True,
                 )
@@ -365,6 +367,7 @@ def serve(
     the batch budget (--max-batch-tokens) is among `overrides`, as decode.batch_tokens.
     """
     try:
+        import prometheus_client  # noqa: F401
         import starlette  # noqa: F401
         import uvicorn
     except ImportError as e:
@@ -375,7 +378,7 @@ def serve(
     # The checkpoint is read once; the server's translator prints no warnings: answers say what was cut.
     built = build_translator(model_path, overrides, device, dtype, engine, None, "nmt serve")
     sock = listen(host, port)
-    metrics = Metrics()
+    metrics = Metrics(ROUTES)
     batcher = Batcher(built.translator, settings, metrics, console)
     service = Service(batcher, built.src_lang, built.tgt_lang, settings, str(model_path))
     app = build_app(service, settings, metrics, console)
