@@ -514,6 +514,13 @@ def serve(
     shutdown_timeout: Annotated[
         float, typer.Option(help="After SIGTERM/SIGINT, seconds to answer what is in flight before exiting.")
     ] = 30.0,
+    cors_origins: Annotated[
+        str,
+        typer.Option(
+            metavar="<origins>",
+            help="Origins whose pages may call the server, comma-separated (https://x.org); * any, '' none.",
+        ),
+    ] = "*",
     beam: BeamOpt = None,
     lenpen: LenpenOpt = None,
     device: DeviceOpt = "auto",
@@ -541,7 +548,7 @@ def serve(
     settings = ServeSettings(
         batch_wait_ms=batch_wait_ms, max_chars=max_chars, max_queue=max_queue, timeout=timeout,
         read_timeout=read_timeout, keep_alive=keep_alive, max_connections=max_connections,
-        shutdown_timeout=shutdown_timeout,
+        shutdown_timeout=shutdown_timeout, cors_origins=cors_origins,
     )  # fmt: skip
     # The batch budget is a decode setting, under the server's name for it
     overrides = DecodeOverrides.given(

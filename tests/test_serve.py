@@ -303,6 +303,37 @@ def test_metrics_labels_are_a_fixed_set_whatever_the_requests(server):
     assert methods <= {"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH", "other"}
 
 
+def test_a_page_on_another_origin_may_call_the_server(server):
+    """CORS as LibreTranslate offers it (any origin by default): the preflight was a 405."""
+    preflight = (
+        b"OPTIONS /translate HTTP/1.1\r\nHost: x\r\nOrigin: http://elsewhere.example\r\n"
+        b"Access-Control-Request-Method: POST\r\nAccess-Control-Request-Headers: content-type\r\n"
+        b"Connection: close\r\n\r\n"
+    )
+    status, headers, _ = server.raw(preflight)
+    assert status in (200, 204) and headers["access-control-allow-origin"] == "*"
+    assert "POST" in headers["access-control-allow-methods"]
+    assert headers["access-control-allow-headers"].lower() == "content-type"
+    body = json.dumps(libre("a b")).encode()
+    status, headers, answer = server.raw(
+        b"POST /translate HTTP/1.1\r\nHost: x\r\nOrigin: http://elsewhere.example\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
+        % (len(body), body)
+    )
+    assert status == 200 and headers["access-control-allow-origin"] == "*"
+    assert json.loads(answer)["translatedText"] == "b a"
+
+
+def test_cors_origins_are_checked_once():
+    assert ServeSettings(cors_origins="https://a.example, http://b.example:8080").check().origins == [
+        "https://a.example",
+        "http://b.example:8080",
+    ]
+    for bad in ("a.example", "https://a.example/path"):
+        with pytest.raises(NmtError, match="--cors-origins"):
+            ServeSettings(cors_origins=bad).check()
+
+
 def test_the_page_shows_the_pair_and_settings(server):
     with urllib.request.urlopen(server.url + "/", timeout=10) as r:
         page = r.read().decode()

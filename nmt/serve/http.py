@@ -252,6 +252,7 @@ def build_app(service: Service, settings: ServeSettings, metrics: Metrics, conso
     ]
     app = Starlette(
         routes=routes,
+        middleware=cors(settings, answer),
         exception_handlers={HTTPException: http_error, HTTPError: our_error, Exception: server_error},
     )
 
@@ -289,6 +290,30 @@ def shutdown_times(timeout: float) -> tuple[float, float]:
     (its batch) by `timeout` itself."""
     margin = min(2.0, timeout / 3)
     return timeout - 2 * margin, timeout - margin
+
+
+def cors(settings: ServeSettings, answer) -> list:
+    """Cross-origin calls as LibreTranslate allows them (flask-cors: any origin by default, every method and
+    header), by Starlette's CORSMiddleware: a page on another origin can call the API. A refused
+    preflight is answered in JSON like every other error."""
+    from starlette.middleware import Middleware
+    from starlette.middleware.cors import CORSMiddleware
+
+    if not settings.origins:
+        return []
+
+    class CORS(CORSMiddleware):
+        def preflight_response(self, request_headers):
+            response = super().preflight_response(request_headers)
+            if response.status_code < 400:
+                return response
+            refused = response.body.decode()  # "Disallowed CORS origin, method"
+            headers = {k: v for k, v in response.headers.items() if k.lower().startswith("access-control-")}
+            message = f"{refused} (see nmt serve --cors-origins)"
+            return answer({"error": message}, response.status_code, headers)
+
+    methods = ["GET", "HEAD", "POST", "OPTIONS", "PUT", "PATCH", "DELETE"]
+    return [Middleware(CORS, allow_origins=settings.origins, allow_methods=methods, allow_headers=["*"])]
 
 
 def server_class():

@@ -22,6 +22,7 @@ class ServeSettings:
     keep_alive: float = 5.0  # seconds an idle connection stays open
     max_connections: int = 1000  # open connections (and requests) at once; more are refused
     shutdown_timeout: float = 30.0  # after SIGTERM, seconds to answer what is in flight
+    cors_origins: str = "*"  # origins whose pages may call the server, comma-separated; "" for none
 
     def check(self) -> ServeSettings:
         for option, ok in (
@@ -37,7 +38,16 @@ class ServeSettings:
             if not ok:
                 name = option.removeprefix("--").replace("-", "_")
                 raise NmtError(f"{option} {getattr(self, name)}: out of range (see nmt serve --help)")
+        for origin in self.origins:
+            if origin != "*" and not (origin.startswith(("http://", "https://")) and origin.count("/") == 2):
+                raise NmtError(
+                    f"--cors-origins: {origin!r} is not an origin (scheme://host[:port], or * for any)"
+                )
         return self
+
+    @property
+    def origins(self) -> list[str]:
+        return [o.strip() for o in self.cors_origins.split(",") if o.strip()]
 
     @property
     def max_body(self) -> int:
