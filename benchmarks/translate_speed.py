@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
         "command": common.command_line(__file__, argv),
         "input": input_about,
         "decoding": f"beam {decode.beam}, lenpen {decode.lenpen}, max length {decode.max_len_a:g} x |x| + "
-        f"{decode.max_len_b}, batch budget {decode.batch_tokens} tokens (sentences x beam x longest source)",
+        f"{decode.max_len_b}, batch budget {decode.batch_tokens} (sentences x beam x max(source, output))",
         "repeats": args.repeats,
         "latency_lines": len(latency_lines),
     }

@@ -387,7 +387,8 @@ def translate(
     batch_tokens: Annotated[
         int | None,
         typer.Option(
-            "--max-tokens", help="Batch budget: sentences x beam x longest source. Default: the recipe's."
+            "--max-tokens",
+            help="Batch budget: sentences x beam x max(source, output limit). Default: the recipe's.",
         ),
     ] = None,
     nbest: Annotated[
@@ -493,7 +494,7 @@ def serve(
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on; 0 picks a free one (printed).")] = 5000,
     max_batch_tokens: Annotated[
-        int, typer.Option(help="Subword budget of one batch (sentences x beam x longest source).")
+        int, typer.Option(help="Subword budget of one batch (sentences x beam x max(source, output limit)).")
     ] = 8192,
     batch_wait_ms: Annotated[
         float, typer.Option(help="How long the first request of a batch waits for others to join it.")
@@ -513,6 +514,13 @@ def serve(
     shutdown_timeout: Annotated[
         float, typer.Option(help="After SIGTERM/SIGINT, seconds to answer what is in flight before exiting.")
     ] = 30.0,
+    cors_origins: Annotated[
+        str,
+        typer.Option(
+            metavar="<origins>",
+            help="Origins whose pages may call the server, comma-separated (https://x.org); * any, '' none.",
+        ),
+    ] = "*",
     beam: BeamOpt = None,
     lenpen: LenpenOpt = None,
     device: DeviceOpt = "auto",
@@ -540,7 +548,7 @@ def serve(
     settings = ServeSettings(
         batch_wait_ms=batch_wait_ms, max_chars=max_chars, max_queue=max_queue, timeout=timeout,
         read_timeout=read_timeout, keep_alive=keep_alive, max_connections=max_connections,
-        shutdown_timeout=shutdown_timeout,
+        shutdown_timeout=shutdown_timeout, cors_origins=cors_origins,
     )  # fmt: skip
     # The batch budget is a decode setting, under the server's name for it
     overrides = DecodeOverrides.given(

@@ -26,6 +26,7 @@ pytest.importorskip("starlette", reason="nmt serve needs its extra: pip install 
 from nmt.config import DecodeConfig  # noqa: E402
 from nmt.errors import NmtError  # noqa: E402
 from nmt.serve import Batcher, Metrics, ServeSettings, markup_join, markup_lines, markup_parts  # noqa: E402
+from nmt.translate import token_batches  # noqa: E402
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 
@@ -80,8 +81,15 @@ class Server:
 
 
 @pytest.fixture(scope="module")
-def server(synthetic_run):
-    s = Server(synthetic_run / "checkpoints" / "best.pt", "--batch-wait-ms", "20", "--max-chars", "2000")
+def served(synthetic_run) -> list[str]:
+    """What `nmt serve` is given to serve the reversal model: tests/test_serve_ctranslate2.py gives its
+    CTranslate2 export instead, and runs the tests that take this fixture again on that engine."""
+    return [str(synthetic_run / "checkpoints" / "best.pt")]
+
+
+@pytest.fixture(scope="module")
+def server(served):
+    s = Server(*served, "--batch-wait-ms", "20", "--max-chars", "2000")
     yield s
     if s.proc.poll() is None:
         s.proc.kill()
@@ -156,6 +164,46 @@ def test_bad_requests_get_a_json_error_and_the_server_keeps_serving(server, path
     assert server.request("/translate", libre("a b")) == (200, {"translatedText": "b a"})
 
 
+def multipart(fields: dict[str, bytes], boundary: bytes = b"XyZ", head: bytes = b"") -> bytes:
+    """A multipart/form-data body; `head`: more header lines for every part."""
+    parts = [
+        b'--%s\r\nContent-Disposition: form-data; name="%s"\r\n%s\r\n%s\r\n' % (boundary, k.encode(), head, v)
+        for k, v in fields.items()
+    ]
+    return b"".join(parts) + b"--%s--\r\n" % boundary
+
+
+MULTIPART = "multipart/form-data; boundary=XyZ"
+NESTED = b"--In\r\nContent-Type: text/plain\r\n\r\na b\r\n--In--\r\n"
+
+
+@pytest.mark.parametrize(
+    "raw, ctype, message",
+    [
+        (b"[" * 30000 + b"]" * 30000, "application/json", "nested too deeply"),  # was RecursionError
+        (b'{"q": "a b", "alternatives": 1' + b"0" * 5000 + b"}", "application/json", "4300 digits"),
+        (  # a part that is itself multipart: was AttributeError
+            multipart({"q": NESTED}, head=b"Content-Type: multipart/mixed; boundary=In\r\n"),
+            MULTIPART,
+            "itself multipart",
+        ),
+        (  # a charset whose codec raises UnicodeError, not UnicodeDecodeError
+            multipart({"q": b"a." * 40 + b".."}, head=b"Content-Type: text/plain; charset=punycode\r\n"),
+            MULTIPART,
+            "not valid text",
+        ),
+        (multipart({"q": b"a"}, head=b"Content-Type: text/plain; charset=rot13\r\n"), MULTIPART, "text"),
+    ],
+)
+def test_what_the_parsers_raise_is_the_clients_error_in_json(server, raw, ctype, message):
+    """Every exception met while a request is read, parsed or validated is a JSON 400, with no traceback
+    in the log: issue 29's probes, each a 500 with a traceback before."""
+    status, answer = server.request("/translate", raw=raw, ctype=ctype)
+    assert status == 400 and message in answer["error"], answer
+    assert server.request("/translate", libre("a b")) == (200, {"translatedText": "b a"})
+    assert "Traceback" not in "".join(server.log)
+
+
 def test_a_malformed_request_among_good_ones_fails_alone(server):
     good = [f"{a} {b} {c}" for a, b, c in zip("abcdefgh", "ijklmnop", "hgfedcba", strict=True)]
     bad = [b'{"q": "x \\ud800 y", "source": "xx", "target": "yy"}', b'{"q": ["x", 5]}']
@@ -215,12 +263,9 @@ def test_libretranslate_fields_auto_alternatives_html_form_and_truncation(server
     assert status == 200 and body["translatedText"] == "c b a" and len(body["alternatives"]) == 1
     # LibreTranslate's own web page: a FormData, sent as multipart/form-data.
     fields = {"q": "a b c", "source": "xx", "target": "yy", "format": "text", "api_key": ""}
-    multipart = b"".join(
-        b'--XyZ\r\nContent-Disposition: form-data; name="%s"\r\n\r\n%s\r\n' % (k.encode(), v.encode())
-        for k, v in fields.items()
-    )
-    ctype = "multipart/form-data; boundary=XyZ"
-    status, body = server.request("/translate", raw=multipart + b"--XyZ--\r\n", ctype=ctype)
+    ctype = MULTIPART
+    form = multipart({k: v.encode() for k, v in fields.items()})
+    status, body = server.request("/translate", raw=form, ctype=ctype)
     assert (status, body) == (200, {"translatedText": "c b a"})
     status, body = server.request("/translate", raw=b"no parts here", ctype=ctype)
     assert status == 400 and "boundary" in body["error"]
@@ -238,12 +283,62 @@ def test_metrics_in_prometheus_text(server):
     with urllib.request.urlopen(server.url + "/metrics", timeout=10) as r:
         assert r.headers["Content-Type"].startswith("text/plain")
         text = r.read().decode()
-    counts = dict(re.findall(r"^nmt_requests_total\{(.*)\} (\d+)$", text, re.M))
-    assert int(counts['method="POST",route="/translate",status="200"']) >= 1
-    assert int(counts['method="GET",route="other",status="404"']) >= 1
-    assert re.search(r'^nmt_request_seconds_bucket\{route="/translate",le="\+Inf"\} [1-9]', text, re.M)
-    assert re.search(r"^nmt_batch_lines_count [1-9]", text, re.M)
-    assert re.search(r"^nmt_queue_lines 0$", text, re.M)
+    counts = {k: float(v) for k, v in re.findall(r"^nmt_requests_total\{(.*)\} (\S+)$", text, re.M)}
+    assert counts['method="POST",route="/translate",status="200"'] >= 1
+    assert counts['method="GET",route="other",status="404"'] >= 1
+    assert re.search(r'^nmt_request_seconds_bucket\{le="\+Inf",route="/translate"\} [1-9]', text, re.M)
+    for series in ("nmt_batch_lines_count", "nmt_decode_seconds_count", "nmt_queue_seconds_count"):
+        assert re.search(rf"^{series} [1-9]", text, re.M), series
+    assert re.search(r"^nmt_source_tokens_total [1-9]", text, re.M)
+    assert re.search(r"^nmt_translated_characters_total [1-9]", text, re.M)
+    assert re.search(r"^nmt_queue_lines 0(\.0)?$", text, re.M)
+    assert re.search(r"^nmt_requests_in_flight 1(\.0)?$", text, re.M)  # this request
+    assert re.search(r"^process_open_fds [1-9]", text, re.M)  # the process collector
+
+
+def test_metrics_labels_are_a_fixed_set_whatever_the_requests(server):
+    """Made-up methods and paths count as "other": they added a series each, for good."""
+    for i in range(40):
+        server.raw(b"M%dX /made-up-%d HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % (i, i))
+        server.raw(b"M%dX /translate HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % i)
+    with urllib.request.urlopen(server.url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    labels = re.findall(r"^nmt_requests_total\{(.*)\} ", text, re.M)
+    assert not [x for x in labels if "M1X" in x or "made-up" in x]
+    assert 'method="other",route="/translate",status="405"' in labels
+    methods = {re.search(r'method="([^"]*)"', x).group(1) for x in labels}
+    assert methods <= {"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH", "other"}
+
+
+def test_a_page_on_another_origin_may_call_the_server(server):
+    """CORS as LibreTranslate offers it (any origin by default): the preflight was a 405."""
+    preflight = (
+        b"OPTIONS /translate HTTP/1.1\r\nHost: x\r\nOrigin: http://elsewhere.example\r\n"
+        b"Access-Control-Request-Method: POST\r\nAccess-Control-Request-Headers: content-type\r\n"
+        b"Connection: close\r\n\r\n"
+    )
+    status, headers, _ = server.raw(preflight)
+    assert status in (200, 204) and headers["access-control-allow-origin"] == "*"
+    assert "POST" in headers["access-control-allow-methods"]
+    assert headers["access-control-allow-headers"].lower() == "content-type"
+    body = json.dumps(libre("a b")).encode()
+    status, headers, answer = server.raw(
+        b"POST /translate HTTP/1.1\r\nHost: x\r\nOrigin: http://elsewhere.example\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
+        % (len(body), body)
+    )
+    assert status == 200 and headers["access-control-allow-origin"] == "*"
+    assert json.loads(answer)["translatedText"] == "b a"
+
+
+def test_cors_origins_are_checked_once():
+    assert ServeSettings(cors_origins="https://a.example, http://b.example:8080").check().origins == [
+        "https://a.example",
+        "http://b.example:8080",
+    ]
+    for bad in ("a.example", "https://a.example/path"):
+        with pytest.raises(NmtError, match="--cors-origins"):
+            ServeSettings(cors_origins=bad).check()
 
 
 def test_the_page_shows_the_pair_and_settings(server):
@@ -253,12 +348,10 @@ def test_the_page_shows_the_pair_and_settings(server):
     assert not re.search(r'(src|href)="(https?:)?//', page)  # nothing from elsewhere: works offline
 
 
-def test_a_one_line_request_beside_a_10000_line_one_is_answered_within_a_few_seconds(synthetic_run):
-    s = Server(
-        synthetic_run / "checkpoints" / "best.pt", "--max-chars", "30000", "--max-batch-tokens", "2048"
-    )
+def test_a_one_line_request_beside_a_10000_line_one_is_answered_within_a_few_seconds(served):
+    s = Server(*served, "--max-chars", "40000")  # the default budget
     try:
-        big = "\n".join("abcdefghijklmnop"[i % 16] + " a" for i in range(10000))
+        big = "\n".join("abcdefghijklmnop"[i % 16] + " a" * (i % 2) for i in range(10000))
         with ThreadPoolExecutor(max_workers=2) as pool:
             start = time.monotonic()
             pending = pool.submit(s.request, "/translate", libre(big))
@@ -268,19 +361,19 @@ def test_a_one_line_request_beside_a_10000_line_one_is_answered_within_a_few_sec
             small = time.monotonic() - small_start
             status, body = pending.result(timeout=300)
             whole = time.monotonic() - start
-        assert status == 200 and body["translatedText"].split("\n")[:2] == ["a a", "a b"]
+        assert status == 200 and body["translatedText"].split("\n")[:3] == ["a", "a b", "c"]
         assert small < 3 and small < whole / 3, (small, whole)
     finally:
         assert s.stop() == 0
 
 
-def test_a_full_queue_answers_503_and_a_late_request_504(synthetic_run):
-    s = Server(synthetic_run / "checkpoints" / "best.pt", "--max-chars", "30000", "--max-queue", "100")
+def test_a_full_queue_answers_503_and_a_late_request_504(served):
+    s = Server(*served, "--max-chars", "80000", "--max-queue", "100")
+    big = "\n".join(["a b c d"] * 8000)  # seconds of work, on either engine
     try:
-        big = "\n".join(["a b c d"] * 3000)
         with ThreadPoolExecutor(max_workers=1) as pool:
             pending = pool.submit(s.request, "/translate", libre(big))
-            time.sleep(1)
+            wait_for_the_model(s, pending)
             req = urllib.request.Request(
                 s.url + "/translate", data=json.dumps(libre("a b")).encode(), method="POST"
             )
@@ -291,9 +384,9 @@ def test_a_full_queue_answers_503_and_a_late_request_504(synthetic_run):
             assert pending.result(timeout=300)[0] == 200
     finally:
         assert s.stop() == 0
-    s = Server(synthetic_run / "checkpoints" / "best.pt", "--max-chars", "30000", "--timeout", "1")
+    s = Server(*served, "--max-chars", "80000", "--timeout", "1")
     try:
-        status, body = s.request("/translate", libre("\n".join(["a b c d"] * 3000)))
+        status, body = s.request("/translate", libre(big))
         assert status == 504 and "1 s" in body["error"]
         assert s.request("/translate", libre("a b")) == (200, {"translatedText": "b a"})
     finally:
@@ -339,6 +432,41 @@ def test_sigterm_answers_in_flight_and_exits_0_whatever_the_clients_do(synthetic
             s.proc.kill()
 
 
+def test_sigterm_during_a_long_request_answers_503_in_json_and_exits_0_in_time(served):
+    """A request the model cannot finish within --shutdown-timeout gets a JSON 503 in time, and the process
+    exits 0: it got a plain-text 500 and the process died by SIGABRT (the worker thread was inside a torch
+    operation while the interpreter tore down)."""
+    s = Server(*served, "--max-chars", "200000", "--shutdown-timeout", "1")
+    try:
+        big = "\n".join(["a b c d e f g h i j k l m n o p"] * 5000)  # seconds of work, on either engine
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pending = pool.submit(s.request, "/translate", libre(big))
+            wait_for_the_model(s, pending)
+            start = time.monotonic()
+            s.proc.send_signal(signal.SIGTERM)
+            assert s.proc.wait(timeout=30) == 0
+            seconds = time.monotonic() - start
+            status, body = pending.result(timeout=30)
+        assert status == 503 and "shutting down" in body["error"]
+        assert seconds < 1 + 2  # the shutdown timeout, and the interpreter's exit on a busy machine
+        s.reader.join(timeout=10)
+        assert "Traceback" not in "".join(s.log) and "terminate called" not in "".join(s.log)
+    finally:
+        if s.proc.poll() is None:
+            s.proc.kill()
+
+
+def wait_for_the_model(s: Server, pending) -> None:
+    """Until the request being sent is queued for the model."""
+    deadline = time.monotonic() + 30
+    while True:
+        with urllib.request.urlopen(s.url + "/metrics", timeout=10) as r:
+            if not re.search(r"^nmt_queue_lines 0(\.0)?$", r.read().decode(), re.M):
+                return
+        assert time.monotonic() < deadline and not pending.done()
+        time.sleep(0.02)
+
+
 def test_slow_clients_are_cut_off_and_leave_no_traceback(synthetic_run):
     s = Server(synthetic_run / "checkpoints" / "best.pt", "--read-timeout", "1")
     try:
@@ -367,8 +495,9 @@ def test_slow_clients_are_cut_off_and_leave_no_traceback(synthetic_run):
 class FakeTranslator:
     """Reverses id lists; fails a whole batch whenever it holds the poisoned id 99."""
 
-    def __init__(self, beam: int = 1):
-        self.decode = DecodeConfig(beam=beam, batch_tokens=8192)
+    def __init__(self, beam: int = 1, **decode):
+        # max_len_b 0: a line's cost is its length, unless a test says otherwise
+        self.decode = DecodeConfig(**{"beam": beam, "batch_tokens": 8192, "max_len_b": 0, **decode})
         self.max_source = 63
         self.batches: list[list[list[int]]] = []
 
@@ -424,6 +553,28 @@ def test_a_large_request_is_served_in_pieces_in_turn_with_others():
         # The big request's first piece fills a batch; the small one goes next, before the big one's rest.
         assert [len(batch) for batch in t.batches] == [2, 1, 2, 2, 2, 2]
         assert t.batches[1] == [[7, 7, 7, 7]]
+    finally:
+        b.close(5)
+
+
+def test_batches_of_tiny_lines_are_costed_by_the_steps_their_search_may_take():
+    """10,000 one-word lines at the default settings: each batch costs what nmt translate's would, counting
+    the max_len_b steps a one-word line may decode; costed by the sources alone, batches held 1,024 of
+    them and a one-line request beside them waited seconds."""
+    t = FakeTranslator(beam=4, max_len_a=1.0, max_len_b=50)
+    b = batcher(t)
+    try:
+        far = time.monotonic() + 60
+        with b.cond:  # both queued before the worker looks
+            big = b.submit({i: [5] for i in range(10000)}, 10000, 1, far)
+            small = b.submit({0: [6, 7]}, 1, 1, far)
+        small.future.result(30)
+        big.future.result(30)
+        per_line = 4 * (1 + 50 + 1)  # beam x (the word's output limit and its EOS)
+        assert max(len(batch) for batch in t.batches) == 8192 // per_line
+        assert [6, 7] in t.batches[1]  # the small request rode in the second batch
+        lengths = [2] * 10000  # the front end of nmt translate cuts the same batches
+        assert len(token_batches(lengths, 8192, 4, t.decode, t.max_source)[0]) == 8192 // per_line
     finally:
         b.close(5)
 

@@ -15,7 +15,7 @@ import torch
 from typer.testing import CliRunner
 
 from nmt.cli import app
-from nmt.config import config_from_dict
+from nmt.config import DecodeConfig, config_from_dict
 from nmt.subword import train_sentencepiece
 from nmt.translate import Translator, token_batches
 from nmt.untrained import save_random_model
@@ -236,11 +236,13 @@ def test_translator_library_api(checkpoint):
 def test_token_batches_respect_the_budget_and_cover_every_sentence():
     rng = random.Random(0)
     lengths = [rng.randint(1, 60) for _ in range(500)]
-    batches = token_batches(lengths, max_tokens=1000, rows_per_sentence=4)
+    decode = DecodeConfig(max_len_a=1.2, max_len_b=10)
+    batches = token_batches(lengths, 1000, 4, decode, max_output=63)
     assert sorted(i for b in batches for i in b) == list(range(500))
-    for b in batches:
-        assert len(b) == 1 or len(b) * 4 * max(lengths[i] for i in b) <= 1000
-    assert token_batches([300], max_tokens=10, rows_per_sentence=4) == [[0]]
+    for b in batches:  # each sentence may take 1.2 x its length + 10 steps (and the EOS), at most 63 + 1
+        longest = max(lengths[i] for i in b)
+        assert len(b) == 1 or len(b) * 4 * min(int(1.2 * (longest - 1) + 10) + 1, 64) <= 1000
+    assert token_batches([300], 10, 4, decode, max_output=63) == [[0]]
 
 
 def test_beam_search_on_a_trained_model_reverses_the_sequences(synthetic_run):

@@ -17,8 +17,10 @@ fails; the worker never dies. On the CPU in fp32 a sentence's translation does n
 shares its batch (tests/test_invariance.py), so batching changes speed, never answers. The line contract
 is nmt translate's: a text's lines are translated one by one and joined again, blank lines stay blank.
 
-Every error, of every route and method, is {"error": "..."} with its status. SIGTERM or SIGINT: stop
-accepting, close idle connections, answer the requests in flight, exit 0 within `shutdown_timeout`.
+Every error, of every route and method, is {"error": "..."} with its status; whatever reading, parsing or
+validating a request raises is the client's (400), in one place (nmt.serve.http's POST endpoint). SIGTERM
+or SIGINT: stop accepting, close idle connections, answer the requests in flight, answer 503 to what the
+model cannot finish in time, stop the worker between batches and exit 0 within `shutdown_timeout`.
 """
 
 from nmt.serve.batcher import Batcher

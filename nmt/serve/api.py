@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from nmt.serve.batcher import Batcher, QueueFull
 from nmt.serve.markup import markup_join, markup_lines, markup_parts
-from nmt.serve.settings import HTTPError, ServeSettings
+from nmt.serve.settings import HTTPError, ServeSettings, accept
 from nmt.translate.frontend import rows_per_sentence
 
 LANGUAGE_NAMES = {"en": "English", "de": "German", "fr": "French", "es": "Spanish", "it": "Italian"}
@@ -89,6 +89,7 @@ class Service:
             sources, count, truncated = await asyncio.to_thread(self.encode, texts)
         else:  # microseconds: a hand-off to a thread would cost more than it saves
             sources, count, truncated = self.encode(texts)
+        accept()  # read, validated and encoded: what goes wrong from here on is the server's
         deadline = time.monotonic() + self.settings.timeout
         try:
             job = self.batcher.submit(sources, count, nbest, deadline)

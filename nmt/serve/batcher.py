@@ -1,7 +1,8 @@
 """The model worker: one thread owns the model; fair batches from the waiting requests, failures isolated.
 
 Requests are cut into pieces that fit the batch budget (decode.batch_tokens, `--max-batch-tokens`, costed
-by nmt.translate.frontend.batch_cost as `nmt translate` costs its batches), and each batch takes the next
+by nmt.translate.frontend.batch_cost as `nmt translate` costs its batches: by the steps their search may
+take, so a batch of tiny lines is no longer than one of long ones), and each batch takes the next
 piece of every waiting request in turn, so a one-line request waits about one batch however large the
 others are. A batch that fails is retried piece by piece, so only the faulty
 request fails; the worker never dies.
@@ -38,6 +39,7 @@ class Job:
     pieces: deque  # of lists of line indices, in line order
     queued: int  # lines still waiting
     served: int = 0  # pieces taken into batches so far
+    submitted: float = field(default_factory=time.monotonic)
     results: list = field(default_factory=list)
     future: Future = field(default_factory=Future)
 
@@ -45,12 +47,13 @@ class Job:
         return self.future.done()
 
 
-def settle(job: Job) -> None:
+def settle(job: Job, metrics: Metrics) -> None:
     """Answer a job, unless its handler gave up on it (deadline) a moment before."""
     try:
         job.future.set_result(job.results)
     except InvalidStateError:
-        pass
+        return
+    metrics.characters.inc(sum(len(hyps[0][0]) for hyps in job.results))
 
 
 class Batcher:
@@ -63,6 +66,7 @@ class Batcher:
         self.jobs: deque[Job] = deque()  # jobs with pieces left, in arrival order
         self.queued = 0  # lines waiting, over all jobs
         self.closing = False
+        self.active: list[Job] = []  # the jobs of the batch being translated
         self.thread = threading.Thread(target=self.run, name="nmt-batcher", daemon=True)
         self.thread.start()
 
@@ -77,7 +81,8 @@ class Batcher:
 
     def cost(self, lines: int, longest: int, nbest: int) -> int:
         """What `lines` lines, the longest of `longest` subwords with its EOS, cost against the budget."""
-        return batch_cost(lines, longest, rows_per_sentence(self.decode, nbest))
+        rows = rows_per_sentence(self.decode, nbest)
+        return batch_cost(lines, longest, rows, self.decode, self.translator.max_source)
 
     def piece_size(self, job: Job, piece: list[int]) -> tuple[int, int]:
         """A piece's lines, and its longest line in subwords with the EOS."""
@@ -107,8 +112,9 @@ class Batcher:
             if self.queued + job.queued > self.settings.max_queue and self.queued > 0:
                 raise QueueFull(f"{self.queued} lines are waiting for the model")
             self.jobs.append(job)
+            self.metrics.tokens.inc(sum(map(len, sources.values())))
             self.queued += job.queued
-            self.metrics.queue_depth = self.queued
+            self.metrics.set_queue(self.queued)
             self.cond.notify()
         return job
 
@@ -120,6 +126,8 @@ class Batcher:
                     return
                 if batch:  # empty when every waiting request had passed its deadline
                     self.serve(batch)
+                with self.cond:
+                    self.active = []
             except Exception as e:  # the worker serves every other request: it must not die
                 self.console.print(f"[red]batcher error:[/] {type(e).__name__}: {e}", highlight=False)
 
@@ -155,6 +163,8 @@ class Batcher:
                     continue
                 nbest = job.nbest
                 job.pieces.popleft()
+                if job.served == 0:
+                    self.metrics.queue_seconds.observe(now - job.submitted)
                 job.served += 1
                 if not job.pieces:
                     self.jobs.remove(job)
@@ -162,6 +172,7 @@ class Batcher:
                 lines, longest = lines + size, max(longest, top)
                 if cost >= self.budget:
                     break
+            self.active = [job for job, _ in batch]
             return batch
 
     def queued_cost(self) -> int:
@@ -181,7 +192,7 @@ class Batcher:
         left = sum(len(p) for p in job.pieces)
         job.pieces.clear()
         self.queued -= left
-        self.metrics.queue_depth = self.queued
+        self.metrics.set_queue(self.queued)
         try:
             job.future.set_exception(error)
         except InvalidStateError:  # answered or given up on already
@@ -189,7 +200,7 @@ class Batcher:
 
     def serve(self, batch: list[tuple[Job, list[int]]]) -> None:
         lines = sum(len(piece) for _, piece in batch)
-        self.metrics.observe_batch(lines)
+        start = time.monotonic()
         try:
             self.translate(batch)
         except Exception:  # one bad request must not fail its batch-mates: retry each alone
@@ -200,9 +211,10 @@ class Batcher:
                     self.console.print(f"[red]a request failed:[/] {type(e).__name__}: {e}", highlight=False)
                     with self.cond:
                         self.drop(job, e)
+        self.metrics.observe_batch(lines, time.monotonic() - start)
         with self.cond:
             self.queued -= lines
-            self.metrics.queue_depth = self.queued
+            self.metrics.set_queue(self.queued)
 
     def translate(self, batch: list[tuple[Job, list[int]]]) -> None:
         pairs = [(job, i) for job, piece in batch for i in piece if not job.done()]
@@ -215,12 +227,20 @@ class Batcher:
             job.results[i] = hyps
         for job, _ in batch:
             if not job.pieces:  # its last piece: the earlier ones were done before
-                settle(job)
+                settle(job, self.metrics)
 
-    def close(self, timeout: float) -> None:
+    def stop(self) -> None:
+        """Take no more batches: every request still waiting, those of the batch being translated
+        included, is answered now that the server is shutting down (503). The worker ends after the
+        batch it is in, so no torch operation outlives the process's last moments."""
         with self.cond:
             self.closing = True
-            for job in list(self.jobs):
+            for job in [*self.jobs, *self.active]:
                 self.drop(job, QueueFull("the server is shutting down"))
             self.cond.notify_all()
+
+    def close(self, timeout: float) -> bool:
+        """Stop, and wait up to `timeout` seconds for the worker to end: whether it did."""
+        self.stop()
         self.thread.join(timeout)
+        return not self.thread.is_alive()

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
+import sys
 import time
 from pathlib import Path
 from urllib.parse import parse_qs
@@ -18,7 +20,7 @@ from nmt.serve.api import FORM_TYPE, JSON_TYPES, MULTIPART_TYPE, Service
 from nmt.serve.batcher import Batcher
 from nmt.serve.metrics import Metrics
 from nmt.serve.page import page_html
-from nmt.serve.settings import HTTPError, ServeSettings
+from nmt.serve.settings import ACCEPTED, HTTPError, ServeSettings
 
 ROUTES = ("/", "/translate", "/detect", "/languages", "/frontend/settings", "/health", "/metrics")
 ROUTES += ("/translator/translate",)
@@ -153,8 +155,10 @@ async def parse_body(request, settings: ServeSettings):
         )
     try:
         return json.loads(text)
-    except json.JSONDecodeError as e:
+    except ValueError as e:  # JSONDecodeError, or an integer past Python's digit limit
         raise HTTPError(400, f"the body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise HTTPError(400, "the body is not valid JSON: nested too deeply") from None
 
 
 def multipart_fields(raw: bytes, content_type: str) -> dict:
@@ -162,6 +166,7 @@ def multipart_fields(raw: bytes, content_type: str) -> dict:
     standard library's MIME parser; values are strings, as in the URL-encoded form."""
     from email import policy
     from email.parser import BytesParser
+    from email.utils import collapse_rfc2231_value
 
     head = b"Content-Type: " + content_type.encode("latin-1", errors="replace") + b"\r\n\r\n"
     message = BytesParser(policy=policy.HTTP).parsebytes(head + raw)
@@ -172,9 +177,12 @@ def multipart_fields(raw: bytes, content_type: str) -> dict:
         name = part.get_param("name", header="content-disposition")
         if name is None or part.get_filename() is not None:
             continue  # files are not translated here (LibreTranslate has /translate_file for them)
+        name = collapse_rfc2231_value(name)  # name*=utf-8''... arrives as a (charset, language, value)
+        if part.is_multipart():
+            raise HTTPError(400, f"the form field {name!r} is itself multipart; send it as text")
         try:
             fields[name] = part.get_payload(decode=True).decode(part.get_content_charset() or "utf-8")
-        except (UnicodeDecodeError, LookupError) as e:
+        except (UnicodeError, LookupError) as e:  # not text in its charset, or no text codec by that name
             raise HTTPError(400, f"the form field {name!r} is not valid text: {e}") from None
     return fields
 
@@ -183,7 +191,7 @@ def build_app(service: Service, settings: ServeSettings, metrics: Metrics, conso
     """The Starlette application: routes, JSON errors, metrics and one log line per request."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
-    from starlette.responses import HTMLResponse, PlainTextResponse, Response
+    from starlette.responses import HTMLResponse, Response
     from starlette.routing import Route
 
     def answer(payload, status: int = 200, headers: dict | None = None) -> Response:
@@ -191,8 +199,21 @@ def build_app(service: Service, settings: ServeSettings, metrics: Metrics, conso
 
     def post(handler, is_async: bool = True):
         async def endpoint(request):
-            body = await parse_body(request, settings)
-            return answer(await handler(body) if is_async else handler(body))
+            """The one place where a request's errors become the client's: whatever reading, parsing,
+            validating or encoding it raises is a JSON 400, until the handler accepts it
+            (nmt.serve.settings.accept) and hands it to the model."""
+            ACCEPTED.set(False)
+            try:
+                body = await parse_body(request, settings)
+                result = await handler(body) if is_async else handler(body)
+            except HTTPError:
+                raise
+            except Exception as e:
+                if ACCEPTED.get():
+                    raise  # the server's own fault: a 500, and its traceback in the log
+                detail = f"{type(e).__name__}: {str(e)[:200]}"
+                raise HTTPError(400, f"the request cannot be handled: {detail}") from None
+            return answer(result)
 
         return endpoint
 
@@ -206,7 +227,8 @@ def build_app(service: Service, settings: ServeSettings, metrics: Metrics, conso
         return HTMLResponse(page_html(service.settings_shown()))
 
     async def prometheus(request):
-        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
+        body, content_type = metrics.render()
+        return Response(body, headers={"Content-Type": content_type})
 
     async def http_error(request, exc: HTTPException) -> Response:
         message = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed here"}
@@ -230,6 +252,7 @@ def build_app(service: Service, settings: ServeSettings, metrics: Metrics, conso
     ]
     app = Starlette(
         routes=routes,
+        middleware=cors(settings, answer),
         exception_handlers={HTTPException: http_error, HTTPError: our_error, Exception: server_error},
     )
 
@@ -244,15 +267,16 @@ def build_app(service: Service, settings: ServeSettings, metrics: Metrics, conso
                 status[0] = message["status"]
             await send(message)
 
+        metrics.in_flight.inc()
         try:
             await app(scope, receive, sending)
         finally:
+            metrics.in_flight.dec()
             seconds = time.perf_counter() - start
-            route = scope["path"] if scope["path"] in ROUTES else "other"
-            metrics.observe_request(scope["method"], route, status[0], seconds)
-            if route not in ("/metrics", "/health"):
+            metrics.observe_request(scope["method"], scope["path"], status[0], seconds)
+            if scope["path"] not in ("/metrics", "/health"):
                 console.print(
-                    f"{scope['method']} {scope['path'][:100]} {status[0]} {seconds * 1000:.0f} ms",
+                    f"{scope['method'][:20]} {scope['path'][:100]} {status[0]} {seconds * 1000:.0f} ms",
                     highlight=False,
                     soft_wrap=True,
                 )
@@ -260,17 +284,61 @@ def build_app(service: Service, settings: ServeSettings, metrics: Metrics, conso
     return observed
 
 
+def shutdown_times(timeout: float) -> tuple[float, float]:
+    """After a SIGTERM, when (seconds) the model worker stops and answers 503 to what still waits for it,
+    and when uvicorn cancels what is still unanswered: each a margin before the next, the worker's end
+    (its batch) by `timeout` itself."""
+    margin = min(2.0, timeout / 3)
+    return timeout - 2 * margin, timeout - margin
+
+
+def cors(settings: ServeSettings, answer) -> list:
+    """Cross-origin calls as LibreTranslate allows them (flask-cors: any origin by default, every method and
+    header), by Starlette's CORSMiddleware: a page on another origin can call the API. A refused
+    preflight is answered in JSON like every other error."""
+    from starlette.middleware import Middleware
+    from starlette.middleware.cors import CORSMiddleware
+
+    if not settings.origins:
+        return []
+
+    class CORS(CORSMiddleware):
+        def preflight_response(self, request_headers):
+            response = super().preflight_response(request_headers)
+            if response.status_code < 400:
+                return response
+            refused = response.body.decode()  # "Disallowed CORS origin, method"
+            headers = {k: v for k, v in response.headers.items() if k.lower().startswith("access-control-")}
+            message = f"{refused} (see nmt serve --cors-origins)"
+            return answer({"error": message}, response.status_code, headers)
+
+    methods = ["GET", "HEAD", "POST", "OPTIONS", "PUT", "PATCH", "DELETE"]
+    return [Middleware(CORS, allow_origins=settings.origins, allow_methods=methods, allow_headers=["*"])]
+
+
 def server_class():
-    """uvicorn's Server, told to stop by SIGTERM/SIGINT and then to return (exit 0), not to re-raise it."""
+    """uvicorn's Server, told to stop by SIGTERM/SIGINT and then to return (exit 0), not to re-raise it;
+    requests the model cannot finish within the shutdown timeout get a 503 in time."""
     import contextlib
     import signal
 
     import uvicorn
 
     class Server(uvicorn.Server):
-        def __init__(self, config, console: Console):
+        def __init__(self, config, console: Console, batcher: Batcher, shutdown_timeout: float):
             super().__init__(config)
-            self.console = console
+            self.console, self.batcher, self.shutdown_timeout = console, batcher, shutdown_timeout
+            self.signalled = None
+
+        async def shutdown(self, sockets=None) -> None:
+            stop_worker, _ = shutdown_times(self.shutdown_timeout)
+            start = self.signalled or time.monotonic()
+            delay = max(0.0, start + stop_worker - time.monotonic())
+            timer = asyncio.get_running_loop().call_later(delay, self.batcher.stop)
+            try:
+                await super().shutdown(sockets)
+            finally:
+                timer.cancel()
 
         @contextlib.contextmanager
         def capture_signals(self):
@@ -279,6 +347,8 @@ def server_class():
                 self.console.print(
                     f"{name}: answering the requests in flight, then stopping", highlight=False
                 )
+                if self.signalled is None:
+                    self.signalled = time.monotonic()
                 self.handle_exit(signum, frame)
 
             previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -322,6 +392,7 @@ def serve(
     the batch budget (--max-batch-tokens) is among `overrides`, as decode.batch_tokens.
     """
     try:
+        import prometheus_client  # noqa: F401
         import starlette  # noqa: F401
         import uvicorn
     except ImportError as e:
@@ -332,7 +403,7 @@ def serve(
     # The checkpoint is read once; the server's translator prints no warnings: answers say what was cut.
     built = build_translator(model_path, overrides, device, dtype, engine, None, "nmt serve")
     sock = listen(host, port)
-    metrics = Metrics()
+    metrics = Metrics(ROUTES)
     batcher = Batcher(built.translator, settings, metrics, console)
     service = Service(batcher, built.src_lang, built.tgt_lang, settings, str(model_path))
     app = build_app(service, settings, metrics, console)
@@ -344,11 +415,11 @@ def serve(
         log_level="warning",
         access_log=False,
         timeout_keep_alive=int(max(1, settings.keep_alive)),
-        # What is in flight gets the shutdown time less 2 s, which stopping the worker may take.
-        timeout_graceful_shutdown=int(max(1, settings.shutdown_timeout - 2)),
+        # What the model cannot finish in time is answered 503 before this (Server.shutdown).
+        timeout_graceful_shutdown=shutdown_times(settings.shutdown_timeout)[1],
         server_header=False,
     )
-    server = server_class()(config, console)
+    server = server_class()(config, console, batcher, settings.shutdown_timeout)
     decode = built.decode
     console.print(
         f"serving {model_path} ({service.src} -> {service.tgt}) on http://{host}:{sock.getsockname()[1]} "
@@ -360,6 +431,17 @@ def serve(
     try:
         asyncio.run(server.serve(sockets=[sock]))
     finally:
-        batcher.close(timeout=2)  # a batch still running is not waited for beyond this
         sock.close()
+        left = settings.shutdown_timeout
+        if server.signalled is not None:
+            left -= time.monotonic() - server.signalled
+        stopped = batcher.close(timeout=max(0.1, left))
+    if not stopped:
+        # A batch longer than the shutdown time: the interpreter must not tear down under a thread that
+        # is inside a torch (or CTranslate2) operation (std::terminate, SIGABRT). Every request has its
+        # answer; leave without the teardown.
+        console.print("stopped (the model worker was still in a batch)", highlight=False)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     console.print("stopped", highlight=False)

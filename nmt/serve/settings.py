@@ -1,7 +1,9 @@
-"""The server's limits, validated once, and the error a request is answered with."""
+"""The server's limits, validated once; the error a request is answered with, and where a request's
+errors stop being the client's."""
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from nmt.errors import NmtError
@@ -20,6 +22,7 @@ class ServeSettings:
     keep_alive: float = 5.0  # seconds an idle connection stays open
     max_connections: int = 1000  # open connections (and requests) at once; more are refused
     shutdown_timeout: float = 30.0  # after SIGTERM, seconds to answer what is in flight
+    cors_origins: str = "*"  # origins whose pages may call the server, comma-separated; "" for none
 
     def check(self) -> ServeSettings:
         for option, ok in (
@@ -35,7 +38,16 @@ class ServeSettings:
             if not ok:
                 name = option.removeprefix("--").replace("-", "_")
                 raise NmtError(f"{option} {getattr(self, name)}: out of range (see nmt serve --help)")
+        for origin in self.origins:
+            if origin != "*" and not (origin.startswith(("http://", "https://")) and origin.count("/") == 2):
+                raise NmtError(
+                    f"--cors-origins: {origin!r} is not an origin (scheme://host[:port], or * for any)"
+                )
         return self
+
+    @property
+    def origins(self) -> list[str]:
+        return [o.strip() for o in self.cors_origins.split(",") if o.strip()]
 
     @property
     def max_body(self) -> int:
@@ -49,3 +61,14 @@ class HTTPError(Exception):
     def __init__(self, status: int, message: str, headers: dict | None = None):
         super().__init__(message)
         self.status, self.headers = status, headers or {}
+
+
+# Whether the request being handled (this task's) has been accepted: read, validated and encoded. Until
+# then any exception is the client's (a JSON 400, made so in one place: nmt.serve.http's endpoint); after
+# it, an exception that is not an HTTPError is the server's own fault (500).
+ACCEPTED: ContextVar[bool] = ContextVar("accepted", default=False)
+
+
+def accept() -> None:
+    """Mark the request being handled as valid: from here on its errors are the server's."""
+    ACCEPTED.set(True)

@@ -10,6 +10,7 @@ the model. Reading and writing files is nmt.translate.stream's; warnings go to t
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -50,23 +51,29 @@ def rows_per_sentence(decode: DecodeConfig, nbest: int | None = None) -> int:
     return (decode.nbest if nbest is None else nbest) if decode.sampling else decode.beam
 
 
-def batch_cost(sentences: int, longest: int, rows: int) -> int:
+def batch_cost(sentences: int, longest: int, rows: int, decode: DecodeConfig, max_output: int) -> int:
     """What a batch costs against its budget (`--max-tokens`, `--max-batch-tokens`): sentences x rows
-    per sentence x its longest source (EOS included), the source positions its decoder rows attend over,
-    padding included."""
-    return sentences * rows * longest
+    per sentence x the positions each row may take, its longest source (EOS included) or the output its
+    search may write (decode.max_len_a * |x| + max_len_b tokens, at most `max_output`, and the EOS),
+    whichever is more. The output counts because each step of the search runs the decoder over every row
+    until the longest is done: a one-word line may still take max_len_b steps, and a batch costed by its
+    sources alone would hold a thousand of them."""
+    output = min(math.floor(decode.max_len_a * (longest - 1) + decode.max_len_b), max_output) + 1
+    return sentences * rows * max(longest, output)
 
 
-def token_batches(lengths: list[int], max_tokens: int, rows_per_sentence: int) -> list[list[int]]:
-    """Indices of `lengths` sorted by length, cut into batches costing at most `max_tokens` (`batch_cost`).
-
-    A sentence alone over budget gets its own batch.
+def token_batches(
+    lengths: list[int], max_tokens: int, rows_per_sentence: int, decode: DecodeConfig, max_output: int
+) -> list[list[int]]:
+    """Indices of `lengths` (subwords with the EOS) sorted by length, cut into batches costing at most
+    `max_tokens` (`batch_cost`). A sentence alone over budget gets its own batch.
     """
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     batches: list[list[int]] = []
     for i in order:
         # Ascending order: the sentence being added is the batch's longest.
-        if batches and batch_cost(len(batches[-1]) + 1, lengths[i], rows_per_sentence) <= max_tokens:
+        size = len(batches[-1]) + 1 if batches else 1
+        if batches and batch_cost(size, lengths[i], rows_per_sentence, decode, max_output) <= max_tokens:
             batches[-1].append(i)
         else:
             batches.append([i])
@@ -159,7 +166,8 @@ class LineTranslator:
         keys = list(sources)
         d = self.decode
         rows = rows_per_sentence(d, nbest)
-        for batch in token_batches([len(sources[i]) + 1 for i in keys], d.batch_tokens, rows):
+        lengths = [len(sources[i]) + 1 for i in keys]
+        for batch in token_batches(lengths, d.batch_tokens, rows, d, self.max_source):
             lines = [keys[j] for j in batch]
             wanted = [forced.get(i, []) for i in lines] if forced else None
             for i, hyps in zip(
