@@ -10,8 +10,8 @@ fixed (untrained) bias on the output logits.
 
 Besides `forward` (teacher forcing), the decoder offers the incremental contract that search uses
 (nmt.translate.search.Decoder): `encode(src)`, `init_state(memory, src_keep, max_len, beam)`,
-`step(tokens, state) -> (logits, state)`, `reorder_beams(state, rows)`, `select_rows(state, rows)`, and
-its `vocab_size` and `max_positions`. The state is explicit: self-attention
+`step(tokens, state) -> (logits, state)`, `reorder_beams(state, rows)`, `select_rows(state, rows)`,
+`expand_beams(state, beam)`, and its `vocab_size` and `max_positions`. The state is explicit: self-attention
 keys/values of every row for every layer, in a cache that grows in blocks of CACHE_BLOCK positions as the
 output does (most sentences stop long before their length limit), and encoder keys/values for
 cross-attention projected once per sentence and shared by its `beam` rows. The contract is for inference
@@ -363,6 +363,19 @@ class Transformer(nn.Module):
         sentences = rows[:: state.beam] // state.beam  # (B',)
         state.mem_kv = state.mem_kv.index_select(2, sentences)
         state.src_bias = state.src_bias.index_select(0, sentences)
+        return state
+
+    def expand_beams(self, state: DecoderState, beam: int) -> DecoderState:
+        """One row per sentence -> `beam` copies of it (beam search's step 0 runs one row per sentence).
+        The encoder keys/values stay once per sentence; the caches (and the spare) get the new rows."""
+        t, n = state.length, state.rows
+        rows = torch.arange(n, device=state.src_bias.device).repeat_interleave(beam)  # (N*beam,)
+        for i, kv in enumerate(state.self_kv):
+            wide = self.empty_cache(kv, n * beam, kv.shape[3])
+            torch.index_select(kv[:, :n, :, :t], 1, rows, out=wide[:, :, :, :t])
+            state.self_kv[i] = wide
+        state.spare = self.empty_cache(state.spare, n * beam, state.spare.shape[3])
+        state.beam *= beam
         return state
 
     def grow_cache(self, state: DecoderState, capacity: int) -> None:

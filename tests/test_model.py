@@ -117,6 +117,31 @@ def test_reorder_and_select_rows_move_the_cache_with_the_rows():
 
 
 @torch.no_grad()
+def test_expand_beams_widens_one_row_per_sentence_to_a_beam():
+    """Beam search's step 0 runs one row per sentence; each row then becomes `beam` rows with its history,
+    which step on (and reorder) as a state made with that beam from the start."""
+    model, g = tiny_model(), torch.Generator().manual_seed(1)
+    src = torch.randint(4, 40, (2, 5), generator=g)
+    memory, keep = model.encode(src)
+    narrow = model.init_state(memory, keep, max_len=6, beam=1)
+    wide = model.init_state(memory, keep, max_len=6, beam=3)
+    bos = torch.full((2,), 2)
+    first, narrow = model.step(bos, narrow)
+    _, wide = model.step(bos.repeat_interleave(3), wide)
+    narrow = model.expand_beams(narrow, 3)
+    assert narrow.beam == 3 and narrow.rows == 6 and narrow.spare.shape[1] >= 6
+    tokens = torch.randint(4, 40, (6,), generator=g)
+    for t in range(3):
+        got, narrow = model.step(tokens, narrow)
+        want, wide = model.step(tokens, wide)
+        assert torch.allclose(got, want, atol=1e-5), t  # F.linear's last bits depend on the row count
+        moves = torch.tensor([2, 0, 0, 4, 5, 3])  # within each sentence
+        narrow, wide = model.reorder_beams(narrow, moves), model.reorder_beams(wide, moves)
+        tokens = tokens[moves]
+    assert torch.allclose(first, model(src, bos[:, None])[:, 0], atol=1e-5)
+
+
+@torch.no_grad()
 def test_the_cache_grows_past_its_blocks_while_rows_move():
     """Two rows a sentence, reordered every step, a sentence dropped, over several cache blocks: every
     step's logits are those of the whole history recomputed, and the cache holds no more positions than

@@ -64,6 +64,21 @@ def test_a_rows_result_is_the_same_in_every_batch():
                     assert torch.equal(batch[i], alone[j]), f"row {i} of {m}"
 
 
+def test_the_fused_relu_is_the_plain_ones_bits():
+    """fc1 of a decoder's feed-forward applies the ReLU in its oneDNN call; fusing must change no bit, alone
+    or in a batch, or translations would change with it."""
+    torch.manual_seed(0)
+    weight, bias, rows = torch.randn(256, 64) / 8, torch.randn(256), torch.randn(300, 64)
+    plain, fused = PrepackedLinear(weight, bias), PrepackedLinear(weight, bias, "relu")
+    with torch.inference_mode():
+        for m in (1, 4, 65, 300):
+            assert torch.equal(fused(rows[:m]), F.relu(plain(rows[:m]))), m
+    model = Transformer(make_config().model, 64).eval()
+    assert prepack_decoder(model)
+    assert all(layer.ffn.fc1.activation == "relu" for layer in model.decoder)
+    assert all(layer.ffn.activation is F.relu for layer in model.encoder)  # the encoder keeps its own
+
+
 def test_rows_run_at_a_few_counts_and_only_a_few_are_padding():
     counts = set()
     for m in range(1, 5000):

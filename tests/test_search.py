@@ -75,6 +75,11 @@ class ScriptedModel:
         assert (sentence == sentence[:, :1]).all(), "rows of a sentence must stay together"
         return FakeState(state.sentence[rows], state.prefix[rows], state.max_len, state.beam)
 
+    def expand_beams(self, state, beam):
+        assert state.beam == 1 and state.prefix.shape[1] == 1, "widened after the first step only"
+        sentence, prefix = state.sentence.repeat_interleave(beam), state.prefix.repeat_interleave(beam, 0)
+        return FakeState(sentence, prefix, state.max_len, beam)
+
 
 # Two ways to end: "a" (short, raw log-prob -1.0217) and "b b" (long, raw -1.0510). Without a length
 # penalty the short one wins; with alpha = 1 the long one does.

@@ -69,3 +69,6 @@ class Ensemble(nn.Module):
 
     def select_rows(self, states: list, rows: Tensor) -> list:
         return [m.select_rows(s, rows) for m, s in zip(self.members, states, strict=True)]
+
+    def expand_beams(self, states: list, beam: int) -> list:
+        return [m.expand_beams(s, beam) for m, s in zip(self.members, states, strict=True)]

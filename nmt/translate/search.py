@@ -93,6 +93,10 @@ class Decoder(Protocol):
         """Keep only `rows` (whole sentences, each one's beam rows together; any order within one)."""
         ...
 
+    def expand_beams(self, state: Any, beam: int) -> Any:
+        """A state of one row per sentence -> `beam` rows per sentence, each a copy of its sentence's row."""
+        ...
+
 
 @dataclass
 class Hypothesis:
@@ -390,55 +394,70 @@ def beam_search(
     prefix = prefix.repeat_interleave(k, dim=0) if prefix is not None else None  # (B*K, P)
     steps = int(max_lens.max()) + 1  # decoder positions: BOS + up to max_len tokens
     memory, src_keep = model.encode(src)
-    state = model.init_state(memory, src_keep, steps, k)  # K rows per sentence
+    # Step 0 runs one row per sentence (its K beams would all start from BOS alike), unless a vocabulary
+    # smaller than 2K leaves one row too few candidates; the state then widens to K rows per sentence.
+    width = 1 if 2 * k <= model.vocab_size else k  # rows per sentence in the decoder state
+    state = model.init_state(memory, src_keep, steps, width)
     dtype = score_dtype(memory)
     masks = token_masks(model.vocab_size, dtype, dev)
 
     ids = torch.arange(b, device=dev)  # original sentence of each live sentence
     alive = torch.ones(b, dtype=torch.bool, device=dev)  # sentences still searching
-    scores = torch.full((b, k), -math.inf, dtype=dtype, device=dev)  # (B, K) raw scores of live hypotheses
-    scores[:, 0] = 0.0  # one hypothesis (BOS) to start from; the -inf rows never win a slot
-    seqs = torch.full((b * k, steps), PAD, device=dev)  # (B*K, T) live tokens so far
-    last = torch.full((b * k,), BOS, device=dev)
+    scores = torch.full((b, width), -math.inf, dtype=dtype, device=dev)  # (B, width) raw live scores
+    scores[:, 0] = 0.0  # one hypothesis (BOS) to start from; any other rows never win a slot
+    seqs = torch.full((b * width, steps), PAD, device=dev)  # (B*width, T) live tokens so far
+    last = torch.full((b * width,), BOS, device=dev)
     fin_scores = torch.full((b, k), -math.inf, dtype=dtype, device=dev)  # (B, K) best first
     fin_tokens = torch.full((b, k, steps), PAD, device=dev)
     out_scores, out_tokens = fin_scores.clone(), fin_tokens.clone()
-    offsets = torch.arange(b, device=dev)[:, None] * k  # (B, 1) first row of each sentence
+    offsets = torch.arange(b, device=dev)[:, None] * width  # (B, 1) first row of each sentence
     first_limit = int(max_lens.min())  # before this step no sentence is at its length limit
+    finished, n_dead = False, 0  # whether any hypothesis has finished; sentences done but in the batch
     for t in range(steps):
         # 1. one decoder step for every live hypothesis
         logits, state = model.step(last, state)
-        at_limit = (max_lens <= t).repeat_interleave(k) if t >= first_limit else None  # (B*K,)
-        lprobs = step_log_probs(logits, at_limit, masks, t < min_len)  # (B*K, V)
-        lprobs = force_prefix(block_repeated_ngrams(lprobs, seqs[:, :t], no_repeat_ngram), prefix, t)
+        at_limit = (max_lens <= t).repeat_interleave(width) if t >= first_limit else None  # (B*width,)
+        lprobs = step_log_probs(logits, at_limit, masks, t < min_len)  # (B*width, V)
+        row_prefix = prefix if prefix is None or width == k else prefix[::k]
+        lprobs = force_prefix(block_repeated_ngrams(lprobs, seqs[:, :t], no_repeat_ngram), row_prefix, t)
         # 2. the 2K best one-token extensions of each sentence
         cand_scores, cand_beams, cand_tokens = top_candidates(
             expand_scores(scores, lprobs), 2 * k, lprobs.shape[1]
         )
-        # 3. those among the K best that end in EOS finish, with |Y| = t + 1
-        rows = (offsets + cand_beams[:, :k]).view(-1)  # (B*K,)
-        cand_seqs = seqs.index_select(0, rows).view(-1, k, steps)  # (B, K, T)
-        fin_scores, fin_tokens = finalize(
-            fin_scores, fin_tokens, cand_scores[:, :k], cand_tokens[:, :k], cand_seqs, t + 1, lenpen
-        )
+        # 3. those among the K best that end in EOS finish, with |Y| = t + 1 (at most steps none does: a
+        # host check costs less than the operators of finalize on a CPU)
+        if bool((cand_tokens[:, :k] == EOS).any()):
+            rows = (offsets + cand_beams[:, :k]).view(-1)  # (B*K,)
+            cand_seqs = seqs.index_select(0, rows).view(-1, k, steps)  # (B, K, T)
+            fin_scores, fin_tokens = finalize(
+                fin_scores, fin_tokens, cand_scores[:, :k], cand_tokens[:, :k], cand_seqs, t + 1, lenpen
+            )
+            finished = True
         # 4. the K best others stay live: their rows take over their parents' histories
         scores, beams, tokens = select_live(cand_scores, cand_beams, cand_tokens, k)  # (B, K) each
         rows = (offsets + beams).view(-1)  # (B*K,)
         last = tokens.view(-1)
         seqs = seqs.index_select(0, rows)
         seqs[:, t] = last
-        # 5. finished sentences are recorded
-        done = sentence_done(fin_scores, scores, t, max_lens, lenpen, nbest) & alive  # (B,)
-        alive &= ~done
-        n_done, n_dead = torch.stack([done.sum(), (~alive).sum()]).tolist()  # the one host sync a step
-        if n_done:
-            out_scores[ids[done]], out_tokens[ids[done]] = fin_scores[done], fin_tokens[done]
+        if width < k:  # after step 0: each sentence's row becomes its K beams, which need no reordering
+            state, width, offsets = model.expand_beams(state, k), k, offsets * k
+            rows = None
+        # 5. finished sentences are recorded; no sentence can be done before a hypothesis has finished
+        # or one has reached its length limit
+        if finished or t >= first_limit:
+            done = sentence_done(fin_scores, scores, t, max_lens, lenpen, nbest) & alive  # (B,)
+            n_done = int(done.sum())
+            if n_done:
+                alive &= ~done
+                n_dead += n_done
+                out_scores[ids[done]], out_tokens[ids[done]] = fin_scores[done], fin_tokens[done]
         if n_dead == len(alive):
             break
         # 6. the decoder state follows the beams; finished sentences leave it once they are 1/COMPACT_EVERY
         # of the batch, in the same gather
         if n_dead * COMPACT_EVERY < len(alive):
-            state = model.reorder_beams(state, rows)
+            if rows is not None:
+                state = model.reorder_beams(state, rows)
             continue
         keep = alive.nonzero().squeeze(1)  # (B',)
         keep_rows = (keep[:, None] * k + torch.arange(k, device=dev)).view(-1)  # (B'*K,)
@@ -447,6 +466,6 @@ def beam_search(
         seqs, last = seqs[keep_rows], last[keep_rows]
         prefix = prefix[keep_rows] if prefix is not None else None
         offsets = offsets[: keep.numel()]
-        first_limit = int(max_lens.min())
-        state = model.select_rows(state, rows[keep_rows])
+        first_limit, n_dead = int(max_lens.min()), 0
+        state = model.select_rows(state, rows[keep_rows] if rows is not None else keep_rows)
     return hypotheses(out_scores, out_tokens, nbest)
