@@ -665,12 +665,12 @@ def distill(
     the best of its n-best is kept and filtered, the student trains on it with the teacher's subwords,
     and results.md compares the two.
 
-    Every step's output is written atomically and skipped when it is there, so running the same command
-    after a crash continues where it stopped; the student's checkpoints are in WORKDIR/checkpoints/.
+    A step already done is skipped, so running it again after a crash continues where it stopped.
+    The student's checkpoints are in WORKDIR/checkpoints/, as `nmt train` writes them.
 
     [bold]Examples[/]
     nmt distill multi30k-en-de-student --teacher runs/multi30k-en-de/checkpoints/average.pt
-    nmt distill wmt14-en-de-student-12-1 --teacher big.pt --teacher-precision int8
+    nmt distill wmt14-en-de-student-big --teacher big.pt --teacher-precision int8
     nmt distill my-student.yaml --teacher t.pt --mono news.en --select top1
     """
     from nmt.config import load_config
