@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 
 import pytest
@@ -240,6 +241,17 @@ def test_distill_killed_in_every_step_ends_as_an_uninterrupted_run(
     want = expected.pop("weights")
     assert got == expected
     assert weights.keys() == want.keys() and all(torch.equal(weights[k], want[k]) for k in want)
+
+    # A student trained further (here: average.pt newer) is translated again; the teacher's are kept.
+    stale = resumed / "translations" / "student-torch-fp32-beam2" / "test.yy"
+    stale.write_text("x\n" * len(stale.read_text().splitlines()))
+    teacher_out = resumed / "translations" / "teacher-torch-fp32-beam4" / "test.yy"
+    teacher_mtime = teacher_out.stat().st_mtime_ns
+    average = resumed / "checkpoints" / "average.pt"
+    os.utime(average, ns=(average.stat().st_atime_ns, average.stat().st_mtime_ns + 10**9))
+    distill(cfg, opts, resumed, mirror=mirror)
+    assert outcome(resumed)["scores"] == expected["scores"]
+    assert teacher_out.stat().st_mtime_ns == teacher_mtime
 
 
 def test_a_work_directory_refuses_other_settings(setup, tmp_path, monkeypatch):

@@ -5,7 +5,7 @@ engine and precision available here: nmt's PyTorch engine in fp32 and int8, and 
 and int8 when it is installed (the models exported to it once). Speed is the whole test set batched
 (sentences/s) and the median latency of the first LATENCY_LINES lines translated one at a time, both on
 this process's threads. Every translation is kept with its speed and is not redone when run again, so a
-killed comparison continues where it stopped.
+killed comparison continues where it stopped (and one of a model since trained further is redone).
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ def compare(cfg: Config, opts, workdir: Path, student: Path, step_seconds: dict,
     from nmt.checkpoint import checkpoint_config
     from nmt.pipeline import training_summary
 
+    start = time.perf_counter()
     teacher_beam = checkpoint_config(opts.teacher)["decode"]["beam"]
     systems = [("teacher", opts.teacher, teacher_beam), ("student", student, cfg.decode.beam)]
     if cfg.decode.beam != 1:
@@ -68,7 +69,8 @@ def compare(cfg: Config, opts, workdir: Path, student: Path, step_seconds: dict,
     }
     rows = []
     for engine, precision in engines():
-        for name, model, beam in systems:
+        for name, model_path, beam in systems:
+            model = model_path
             if engine is Engine.CTRANSLATE2:
                 model = exported(model, workdir / "export" / f"{name}-ctranslate2", console)
             label = f"{name}-{engine}-{precision}-beam{beam}"
@@ -76,7 +78,8 @@ def compare(cfg: Config, opts, workdir: Path, student: Path, step_seconds: dict,
             for test, ref in refs.items():
                 out = workdir / "translations" / label / f"{test}.{cfg.data.tgt_lang}"
                 meta = out.with_name(out.name + ".json")
-                if not (out.exists() and meta.exists()):
+                mtime = Path(model_path).stat().st_mtime
+                if not (out.exists() and meta.exists() and read_json(meta).get("model_mtime") == mtime):
                     if built is None:
                         from nmt.translate import build_translator
 
@@ -92,8 +95,9 @@ def compare(cfg: Config, opts, workdir: Path, student: Path, step_seconds: dict,
                         console.print(f"compare: {label} ({built.describe()})", highlight=False)
                     src = read_lines(workdir / "data" / "test" / f"{test}.{cfg.data.src_lang}")
                     speed = timed(built.translator, src, out)
-                    atomic.write_text(meta, json.dumps({"speed": speed, "precision": built.precision}) + "\n")
-                info = json.loads(meta.read_text(encoding="utf-8"))
+                    info = {"speed": speed, "precision": built.precision, "model_mtime": mtime}
+                    atomic.write_text(meta, json.dumps(info) + "\n")
+                info = read_json(meta)
                 scores = corpus_scores(read_lines(out), [ref], ("bleu", "chrf"))
                 rows.append(
                     {
@@ -112,13 +116,17 @@ def compare(cfg: Config, opts, workdir: Path, student: Path, step_seconds: dict,
         "teacher": str(opts.teacher),
         "student": str(student),
         "threads": torch.get_num_threads(),
-        "step_seconds": step_seconds,
+        "step_seconds": {**step_seconds, "compare (this run)": round(time.perf_counter() - start, 1)},
         "training": training_summary(workdir),
         "rows": rows,
     }
     write_results(workdir, results)
     show(results, console)
     return results
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
 
 
 def timed(translator, src: list[str], out: Path) -> dict:
@@ -156,7 +164,7 @@ def write_results(workdir: Path, results: dict) -> None:
             f"| {r['system']} | {r['engine']} | {r['precision']} | {r['beam']} | {r['test']} | {r['bleu']} | "
             f"{r['chrf']} | {r['sentences_per_s']} | {r['latency_ms']} |"
         )
-    lines += ["", "Steps (seconds when they ran): "]
+    lines += ["", "Steps (seconds when they ran):", ""]
     lines += [f"- {name}: {s}" for name, s in results["step_seconds"].items()]
     if results["rows"]:
         lines += ["", "Signatures:", ""]

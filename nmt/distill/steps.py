@@ -118,7 +118,9 @@ def distill(
     train(cfg, workdir, console=console)
     run.times["train"] = time.perf_counter() - start
     console.rule("[bold]average")
+    start = time.perf_counter()
     model = average_last(cfg, workdir / "checkpoints", console)
+    run.times["average"] = time.perf_counter() - start
     if not opts.compare:
         return run.times
     console.rule("[bold]compare")
@@ -201,8 +203,9 @@ class Run:
             marker = self.dir / ".done" / f"{name}.json"
             if marker.exists():
                 seconds[name] = json.loads(marker.read_text(encoding="utf-8"))["seconds"]
-        if "train" in self.times:
-            seconds["train (this run)"] = round(self.times["train"], 1)
+        for name in ("train", "average"):
+            if name in self.times:
+                seconds[f"{name} (this run)"] = round(self.times[name], 1)
         return seconds
 
     def marker_info(self, name: str) -> dict:
