@@ -275,3 +275,63 @@ def test_cli_refuses_chrf_selection_without_references(tmp_path):
     assert result.exit_code == 2
     assert "--select chrf needs references" in result.output and "Traceback" not in result.output
     assert not (tmp_path / "w").exists()
+
+
+def test_mono_source_on_ctranslate2_int8_keeps_the_teachers_best(setup, tmp_path, one_torch_thread):
+    """--mono with --select top1, the teacher in CTranslate2 int8: the log and the marker name the engine,
+    every monolingual line gets an n-best list, and the teacher's best is what the student learns."""
+    pytest.importorskip("ctranslate2")
+    from io import StringIO
+
+    from rich.console import Console
+
+    from nmt.config import Engine, Precision
+
+    cfg, opts, mirror = setup
+    mono = tmp_path / "mono.xx"
+    mono.write_text("a b c\nd e f g\nh i\n")
+    opts = DistillOptions(
+        teacher=opts.teacher,
+        select="top1",
+        mono=mono,
+        teacher_engine=Engine.CTRANSLATE2,
+        teacher_precision=Precision.INT8,
+        nbest=2,
+        chunk_lines=2,
+    )
+    log = StringIO()
+    run = distill_steps.Run(
+        distill_steps.student_config(cfg, opts.teacher),
+        opts,
+        tmp_path / "w",
+        mirror,
+        Console(file=log, width=500),
+    )
+    for name in distill_steps.STEPS[:4]:
+        run.step(name, getattr(run, name))
+    info = run.marker_info("teacher")
+    assert (info["engine"], info["lines"], info["chunks"]) == ("ctranslate2", 3, 2)
+    assert info["precision"].startswith("int8")  # CTranslate2's compute type: int8_float32 on a CPU
+    assert "on ctranslate2" in log.getvalue()
+    selected = [
+        json.loads(x) for x in (tmp_path / "w" / "distill" / "selected.jsonl").read_text().splitlines()
+    ]
+    nbest = [
+        json.loads(x)
+        for k in (0, 1)
+        for x in (tmp_path / "w" / "distill" / "nbest" / f"{k:05d}.jsonl").read_text().splitlines()
+    ]
+    assert [s["hyp"] for s in selected] == [n["hyps"][0] for n in nbest]
+    assert all(len(n["hyps"]) == 2 for n in nbest)
+    filtered = run.marker_info("filter")
+    assert filtered["pairs"] == 3 and filtered["kept"] == 3 - sum(filtered["removed"].values())
+    clean = tmp_path / "w" / "data" / "clean"
+    kept = list(
+        zip(
+            clean.joinpath("train.xx").read_text().splitlines(),
+            clean.joinpath("train.yy").read_text().splitlines(),
+            strict=True,
+        )
+    )
+    assert len(kept) == filtered["kept"]
+    assert set(kept) <= set(zip(mono.read_text().splitlines(), [s["hyp"] for s in selected], strict=True))
