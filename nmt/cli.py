@@ -632,5 +632,73 @@ def run(
     run_pipeline(cfg, _workdir(recipe, workdir), mirror=mirror, console=err)
 
 
+@app.command(cls=Command)
+def distill(
+    recipe: RecipeArg,
+    teacher: Annotated[
+        Path, typer.Option("--teacher", "-t", help="The teacher's checkpoint (its subwords are kept).")
+    ],
+    workdir: WorkdirOpt = None,
+    mirror: MirrorOpt = None,
+    overrides: SetOpt = None,
+    select: Annotated[
+        str | None,
+        typer.Option(
+            metavar="<chrf|top1>",
+            help="Which of the teacher's n-best to keep: chrf, the closest to the reference (default); "
+            "top1, the teacher's best (the default with --mono).",
+        ),
+    ] = None,
+    mono: Annotated[
+        Path | None,
+        typer.Option(help="Monolingual source text for the teacher to translate instead of the recipe's."),
+    ] = None,
+    teacher_engine: Annotated[
+        Engine, typer.Option(case_sensitive=False, help="What runs the teacher: torch, or ctranslate2.")
+    ] = Engine.TORCH,
+    teacher_precision: Annotated[
+        Precision,
+        typer.Option(case_sensitive=False, help="The teacher's precision: fp32, or int8 (faster)."),
+    ] = Precision.FP32,
+    nbest: Annotated[int, typer.Option(help="Hypotheses per line from the teacher's beam.")] = 4,
+    chunk_lines: Annotated[int, typer.Option(help="Lines the teacher translates per saved chunk.")] = 2000,
+    max_ratio: Annotated[
+        float, typer.Option(help="Drop pairs whose word counts differ by more than this factor.")
+    ] = 3.0,
+    drop_worst: Annotated[
+        float, typer.Option(metavar="<percent>", help="Drop this share of the pairs with the lowest scores.")
+    ] = 5.0,
+) -> None:
+    """Distil a teacher into the recipe's (small) student: the teacher translates the training source,
+    the best of its n-best is kept and filtered, the student trains on it with the teacher's subwords,
+    and results.md compares the two.
+
+    A step already done is skipped, so running it again after a crash continues where it stopped.
+    The student's checkpoints are in WORKDIR/checkpoints/, as `nmt train` writes them.
+
+    [bold]Examples[/]
+    nmt distill multi30k-en-de-student --teacher runs/multi30k-en-de/checkpoints/average.pt
+    nmt distill wmt14-en-de-student-big --teacher big.pt --teacher-precision int8
+    nmt distill my-student.yaml --teacher t.pt --mono news.en --select top1
+    """
+    from nmt.config import load_config
+    from nmt.distill import DistillOptions
+    from nmt.distill import distill as run_distill
+    from nmt.distill.filters import FilterSettings
+
+    cfg = load_config(recipe, _overrides(overrides, None))
+    opts = DistillOptions(
+        teacher=teacher,
+        select=select or ("top1" if mono is not None else "chrf"),
+        mono=mono,
+        teacher_engine=teacher_engine,
+        teacher_precision=teacher_precision,
+        nbest=nbest,
+        chunk_lines=chunk_lines,
+        filters=FilterSettings(max_ratio=max_ratio, worst_percent=drop_worst),
+    )
+    run_distill(cfg, opts, _workdir(recipe, workdir), mirror=mirror, console=err)
+
+
 def main() -> None:
     app()

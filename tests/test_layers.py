@@ -25,6 +25,7 @@ LAYERS = [
     ["nmt.translate"],
     ["nmt.train", "nmt.serve"],
     ["nmt.pipeline"],
+    ["nmt.distill"],  # a student from a teacher: the pipeline's steps and more
     ["nmt.cli"],
     ["nmt.__main__"],
 ]

@@ -1,0 +1,12 @@
+"""Sequence-level knowledge distillation (Kim and Rush, 2016): `nmt distill` trains a small student on
+what a teacher translates.
+
+steps (the resumable command: source text, teacher n-best in chunks, selection, filtering, the student's
+data under the teacher's subwords, training, averaging, the comparison), select (which hypothesis of an
+n-best list to keep), filters (what to drop from the teacher's output), compare (teacher against student
+on the test sets, per engine and precision).
+"""
+
+from nmt.distill.steps import STEPS, DistillOptions, distill
+
+__all__ = ["STEPS", "DistillOptions", "distill"]

@@ -1,0 +1,201 @@
+"""Teacher against student on the recipe's test sets: quality and speed per engine and precision.
+
+Each system (teacher at its beam; student at its beam and greedy) translates every test set in each
+engine and precision available here: nmt's PyTorch engine in fp32 and int8, and CTranslate2 in float32
+and int8 when it is installed (the models exported to it once). Speed is the whole test set batched
+(sentences/s) and the median latency of the first LATENCY_LINES lines translated one at a time, both on
+this process's threads. Every translation is kept with its speed and is not redone when run again, so a
+killed comparison continues where it stopped (and one of a model since trained further is redone).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from nmt import atomic
+from nmt.config import Config, DecodeOverrides, Engine, Precision
+from nmt.score import corpus_scores, read_lines
+
+LATENCY_LINES = 100
+
+
+def ctranslate2_available() -> bool:
+    try:
+        import ctranslate2  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def exported(model: Path, folder: Path, console: Console) -> Path:
+    """`model` as a CTranslate2 folder (`nmt export`), exported again only when the model is newer."""
+    from nmt.formats.ctranslate2 import META_FILE
+    from nmt.formats.export import export
+
+    meta = folder / META_FILE
+    if meta.exists() and meta.stat().st_mtime >= Path(model).stat().st_mtime:
+        return folder
+    console.print(f"export: {model} -> {folder} (CTranslate2)", highlight=False)
+    return export(Path(model), folder, "ctranslate2", force=folder.exists())
+
+
+def engines() -> list[tuple[Engine, Precision]]:
+    found = [(Engine.TORCH, Precision.FP32), (Engine.TORCH, Precision.INT8)]
+    if ctranslate2_available():
+        found += [(Engine.CTRANSLATE2, Precision.FP32), (Engine.CTRANSLATE2, Precision.INT8)]
+    return found
+
+
+def compare(cfg: Config, opts, workdir: Path, student: Path, step_seconds: dict, console: Console) -> dict:
+    """Translate, time and score; write results.md and results.json in `workdir`; returns the results."""
+    from nmt.checkpoint import checkpoint_config
+    from nmt.pipeline import training_summary
+
+    start = time.perf_counter()
+    teacher_beam = checkpoint_config(opts.teacher)["decode"]["beam"]
+    systems = [("teacher", opts.teacher, teacher_beam), ("student", student, cfg.decode.beam)]
+    if cfg.decode.beam != 1:
+        systems.append(("student", student, 1))
+    refs = {
+        corpus.name: read_lines(workdir / "data" / "test" / f"{corpus.name}.{cfg.data.tgt_lang}")
+        for corpus in cfg.data.test
+    }
+    rows = []
+    for engine, precision in engines():
+        for name, model_path, beam in systems:
+            model = model_path
+            if engine is Engine.CTRANSLATE2:
+                model = exported(model, workdir / "export" / f"{name}-ctranslate2", console)
+            label = f"{name}-{engine}-{precision}-beam{beam}"
+            built = None
+            for test, ref in refs.items():
+                out = workdir / "translations" / label / f"{test}.{cfg.data.tgt_lang}"
+                meta = out.with_name(out.name + ".json")
+                mtime = Path(model_path).stat().st_mtime
+                if not (out.exists() and meta.exists() and read_json(meta).get("model_mtime") == mtime):
+                    if built is None:
+                        from nmt.translate import build_translator
+
+                        built = build_translator(
+                            model,
+                            DecodeOverrides.given(beam=beam),
+                            cfg.train.device,
+                            precision,
+                            engine,
+                            console,
+                            command="nmt distill",
+                        )
+                        console.print(f"compare: {label} ({built.describe()})", highlight=False)
+                    src = read_lines(workdir / "data" / "test" / f"{test}.{cfg.data.src_lang}")
+                    speed = timed(built.translator, src, out)
+                    info = {"speed": speed, "precision": built.precision, "model_mtime": mtime}
+                    atomic.write_text(meta, json.dumps(info) + "\n")
+                info = read_json(meta)
+                scores = corpus_scores(read_lines(out), [ref], ("bleu", "chrf"))
+                rows.append(
+                    {
+                        "system": name,
+                        "engine": str(engine),
+                        "precision": info["precision"],
+                        "beam": beam,
+                        "test": test,
+                        "bleu": round(scores["bleu"].score, 2),
+                        "chrf": round(scores["chrf"].score, 2),
+                        **info["speed"],
+                        "signatures": {k: s.signature for k, s in scores.items()},
+                    }
+                )
+    results = {
+        "teacher": str(opts.teacher),
+        "student": str(student),
+        "threads": torch.get_num_threads(),
+        "step_seconds": {**step_seconds, "compare (this run)": round(time.perf_counter() - start, 1)},
+        "training": training_summary(workdir),
+        "rows": rows,
+    }
+    write_results(workdir, results)
+    show(results, console)
+    return results
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def timed(translator, src: list[str], out: Path) -> dict:
+    """Translate `src` batched into `out`, then time the first LATENCY_LINES lines one at a time."""
+    start = time.perf_counter()
+    hyps = translator.translate(src)
+    seconds = time.perf_counter() - start
+    atomic.write_text(out, "".join(h + "\n" for h in hyps))
+    latencies = []
+    for line in [s for s in src if s.strip()][:LATENCY_LINES]:
+        start = time.perf_counter()
+        translator.translate([line])
+        latencies.append(time.perf_counter() - start)
+    return {
+        "sentences": len(src),
+        "sentences_per_s": round(len(src) / seconds, 1),
+        "latency_ms": round(1000 * statistics.median(latencies), 1) if latencies else None,
+    }
+
+
+def write_results(workdir: Path, results: dict) -> None:
+    atomic.write_text(workdir / "results.json", json.dumps(results, indent=2) + "\n")
+    lines = [
+        "# Distillation: teacher against student",
+        "",
+        f"Teacher `{results['teacher']}`, student `{results['student']}`; {results['threads']} threads. "
+        f"Speed: the whole test set batched; latency: the median of the first {LATENCY_LINES} lines, "
+        "each alone.",
+        "",
+        "| system | engine | precision | beam | test set | BLEU | chrF | sentences/s | latency ms |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in results["rows"]:
+        lines.append(
+            f"| {r['system']} | {r['engine']} | {r['precision']} | {r['beam']} | {r['test']} | {r['bleu']} | "
+            f"{r['chrf']} | {r['sentences_per_s']} | {r['latency_ms']} |"
+        )
+    lines += ["", "Steps (seconds when they ran):", ""]
+    lines += [f"- {name}: {s}" for name, s in results["step_seconds"].items()]
+    if results["rows"]:
+        lines += ["", "Signatures:", ""]
+        lines += [f"- {k}: `{v}`" for k, v in results["rows"][0]["signatures"].items()]
+    atomic.write_text(workdir / "results.md", "\n".join(lines) + "\n")
+
+
+def show(results: dict, console: Console) -> None:
+    table = Table(title="teacher against student")
+    for column in (
+        "system",
+        "engine",
+        "precision",
+        "beam",
+        "test set",
+        "BLEU",
+        "chrF",
+        "sent/s",
+        "latency ms",
+    ):
+        table.add_column(column)
+    for r in results["rows"]:
+        table.add_row(
+            r["system"],
+            r["engine"],
+            r["precision"],
+            str(r["beam"]),
+            r["test"],
+            f"{r['bleu']:.2f}",
+            f"{r['chrf']:.2f}",
+            str(r["sentences_per_s"]),
+            str(r["latency_ms"]),
+        )
+    console.print(table)

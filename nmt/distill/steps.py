@@ -1,0 +1,378 @@
+"""`nmt distill`: a student trained on what a teacher translates, in one resumable command.
+
+    text      fetch the recipe's corpora: the cleaned training text, raw validation and test text
+              (source/), and with --mono a copy of the monolingual file
+    teacher   the teacher's n-best of every training source line, in chunks (distill/nbest/NNNNN.jsonl)
+    select    per line the hypothesis closest to the reference by chrF, or the teacher's best
+              (distill/selected.jsonl)
+    filter    drop empty, badly sized, repeating and the worst-scoring pairs (data/clean/train.*)
+    data      the student's data under the teacher's SentencePiece model, validation on the original
+              references (data/, as `nmt preprocess` lays it out)
+    train     `nmt train` of the student recipe (checkpoints/; it resumes itself from last.pt)
+    average   the last checkpoints into checkpoints/average.pt
+    compare   teacher against student on the test sets, per engine and precision (results.md, .json)
+
+Every output is written atomically, and a step's marker (distill/.done/<step>.json, with the seconds it
+took) only after its outputs, so a kill leaves each step either done or to be redone; the teacher's
+chunks are each kept once written, so a killed teacher step resumes at its first missing chunk. The
+settings a work directory was started with are kept in distill/settings.json: running again with others
+is refused in one line, rather than mixing two teachers' output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from nmt import atomic
+from nmt.checkpoint import checkpoint_config, checkpoint_subword
+from nmt.config import Config, DecodeOverrides, Engine, Precision, config_to_dict
+from nmt.data.clean import REASONS as CLEAN_REASONS
+from nmt.data.preprocess import binarize, write_text
+from nmt.distill.filters import FilterSettings, filter_pairs
+from nmt.distill.select import select_chrf, select_top1
+from nmt.errors import ConfigError, DataError
+from nmt.score import read_lines
+
+STEPS = ("text", "teacher", "select", "filter", "data", "train", "average", "compare")
+SELECT = ("chrf", "top1")
+
+
+@dataclass(frozen=True)
+class DistillOptions:
+    """What `nmt distill` takes beside the student recipe."""
+
+    teacher: Path
+    select: str = "chrf"  # chrf: closest to the reference; top1: the teacher's best (needed with mono)
+    mono: Path | None = None  # monolingual source text to translate instead of the recipe's training source
+    teacher_engine: Engine = Engine.TORCH
+    teacher_precision: Precision = Precision.FP32
+    nbest: int = 4  # hypotheses per line; the teacher's beam is at least this wide
+    chunk_lines: int = 2000  # lines the teacher translates between two saved chunks
+    filters: FilterSettings = FilterSettings()
+    compare: bool = True  # the last step: teacher against student on the test sets
+
+
+def check_options(opts: DistillOptions) -> None:
+    if not opts.teacher.is_file():
+        raise ConfigError(f"--teacher {opts.teacher}: no such checkpoint")
+    if opts.select not in SELECT:
+        raise ConfigError(f"--select {opts.select}: expected one of {', '.join(SELECT)}")
+    if opts.mono is not None and opts.select == "chrf":
+        raise ConfigError("--select chrf needs references, and --mono text has none: use --select top1")
+    if opts.mono is not None and not opts.mono.is_file():
+        raise ConfigError(f"--mono {opts.mono}: no such file")
+    if opts.nbest < 1:
+        raise ConfigError(f"--nbest {opts.nbest}: expected at least 1")
+    if opts.chunk_lines < 1:
+        raise ConfigError(f"--chunk-lines {opts.chunk_lines}: expected at least 1")
+    f = opts.filters
+    if f.max_ratio < 1:
+        raise ConfigError(f"--max-ratio {f.max_ratio:g}: expected at least 1")
+    if not 0 <= f.worst_percent < 100:
+        raise ConfigError(f"--drop-worst {f.worst_percent:g}: expected a percentage from 0 to under 100")
+
+
+def student_config(cfg: Config, teacher: Path) -> Config:
+    """The student recipe under the teacher's vocabulary: its SentencePiece model is the teacher's."""
+    if cfg.data.init_from is not None:
+        raise ConfigError("data.init_from: a student starts from scratch; distill from --teacher instead")
+    data = checkpoint_config(teacher)["data"]
+    return dataclasses.replace(
+        cfg,
+        data=dataclasses.replace(cfg.data, vocab_size=data["vocab_size"], subword_type=data["subword_type"]),
+    )
+
+
+def distill(
+    cfg: Config,
+    opts: DistillOptions,
+    workdir: Path,
+    mirror: str | None = None,
+    console: Console | None = None,
+) -> dict:
+    """Run the steps not yet done; returns the comparison (results.json), or the step times without it."""
+    from nmt.pipeline import average_last
+    from nmt.train import train
+
+    console = console or Console(stderr=True)
+    check_options(opts)
+    cfg = student_config(cfg, opts.teacher)
+    workdir = Path(workdir)
+    run = Run(cfg, opts, workdir, mirror, console)
+    run.check_settings()
+    run.step("text", run.text)
+    run.step("teacher", run.teacher)
+    run.step("select", run.select)
+    run.step("filter", run.filter)
+    run.step("data", run.data)
+    console.rule("[bold]train")
+    start = time.perf_counter()
+    train(cfg, workdir, console=console)
+    run.times["train"] = time.perf_counter() - start
+    console.rule("[bold]average")
+    start = time.perf_counter()
+    model = average_last(cfg, workdir / "checkpoints", console)
+    run.times["average"] = time.perf_counter() - start
+    if not opts.compare:
+        return run.times
+    console.rule("[bold]compare")
+    from nmt.distill.compare import compare
+
+    return compare(cfg, opts, workdir, model, run.step_seconds(), console)
+
+
+class Run:
+    """The steps of one work directory, each a method that writes its outputs."""
+
+    def __init__(
+        self, cfg: Config, opts: DistillOptions, workdir: Path, mirror: str | None, console: Console
+    ):
+        self.cfg, self.opts, self.workdir, self.mirror, self.console = cfg, opts, workdir, mirror, console
+        self.source = workdir / "source"
+        self.dir = workdir / "distill"
+        self.times: dict[str, float] = {}
+        self.src_lang, self.tgt_lang = cfg.data.src_lang, cfg.data.tgt_lang
+
+    # -- bookkeeping ------------------------------------------------------------------------------------
+
+    def settings(self) -> dict:
+        opts = self.opts
+        return {
+            "teacher_sha256": file_sha256(opts.teacher),
+            "mono_sha256": file_sha256(opts.mono) if opts.mono is not None else None,
+            "select": opts.select,
+            "teacher_engine": str(opts.teacher_engine),
+            "teacher_precision": str(opts.teacher_precision),
+            "nbest": opts.nbest,
+            "chunk_lines": opts.chunk_lines,
+            "filters": dataclasses.asdict(opts.filters),
+            "data": config_to_dict(self.cfg)["data"],
+        }
+
+    def check_settings(self) -> None:
+        """The first run records its settings; a later one must match them (one line names the first
+        that differs), since the steps done so far were made with them."""
+        path = self.dir / "settings.json"
+        now = self.settings()
+        if not path.exists():
+            atomic.write_text(path, json.dumps(now, indent=2) + "\n")
+            return
+        try:
+            before = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise DataError(f"{path}: cannot read: {e}") from None
+        for key, value in now.items():
+            if before.get(key) != value:
+                what = {
+                    "teacher_sha256": "--teacher (another checkpoint)",
+                    "mono_sha256": "--mono (other text)",
+                }
+                name = what.get(
+                    key, "the recipe's data section" if key == "data" else f"--{key.replace('_', '-')}"
+                )
+                raise ConfigError(
+                    f"{self.workdir}: distilled so far with other settings ({name} differs); run with the "
+                    f"same ones to continue, or use another --workdir"
+                )
+
+    def step(self, name: str, work) -> None:
+        self.console.rule(f"[bold]{name}")
+        marker = self.dir / ".done" / f"{name}.json"
+        if marker.exists():
+            self.console.print(f"{name}: already done ({marker})", highlight=False)
+            return
+        start = time.perf_counter()
+        info = work()
+        seconds = time.perf_counter() - start
+        self.times[name] = seconds
+        write_json(marker, {"seconds": round(seconds, 1), "info": info})
+        self.console.print(f"{name}: done in {seconds:.1f} s", highlight=False)
+
+    def step_seconds(self) -> dict:
+        """Seconds each step took when it ran (from the markers, so a resumed run reports them all)."""
+        seconds = {}
+        for name in STEPS[:5]:
+            marker = self.dir / ".done" / f"{name}.json"
+            if marker.exists():
+                seconds[name] = json.loads(marker.read_text(encoding="utf-8"))["seconds"]
+        for name in ("train", "average"):
+            if name in self.times:
+                seconds[f"{name} (this run)"] = round(self.times[name], 1)
+        return seconds
+
+    def marker_info(self, name: str) -> dict:
+        return json.loads((self.dir / ".done" / f"{name}.json").read_text(encoding="utf-8"))["info"]
+
+    # -- the steps --------------------------------------------------------------------------------------
+
+    def text(self) -> dict:
+        info = write_text(self.cfg.data, self.source, mirror=self.mirror, console=self.console)
+        if self.opts.mono is not None:
+            atomic.write_text(
+                self.teacher_source(), "".join(line + "\n" for line in read_lines(self.opts.mono))
+            )
+        return info
+
+    def teacher_source(self) -> Path:
+        if self.opts.mono is not None:
+            return self.source / f"mono.{self.src_lang}"
+        return self.source / "clean" / f"train.{self.src_lang}"
+
+    def teacher(self) -> dict:
+        from nmt.translate import build_translator
+
+        opts = self.opts
+        lines = read_lines(self.teacher_source())
+        chunks = math.ceil(len(lines) / opts.chunk_lines)
+        nbest_dir = self.dir / "nbest"
+        todo = [k for k in range(chunks) if not chunk_path(nbest_dir, k).exists()]
+        model = opts.teacher
+        if opts.teacher_engine is Engine.CTRANSLATE2:
+            model = self.teacher_export()
+        decode = checkpoint_config(opts.teacher)["decode"]
+        overrides = DecodeOverrides.given(nbest=opts.nbest, beam=max(decode["beam"], opts.nbest))
+        built = build_translator(
+            model,
+            overrides,
+            self.cfg.train.device,
+            opts.teacher_precision,
+            opts.teacher_engine,
+            self.console,
+            command="nmt distill",
+        )
+        self.console.print(
+            f"teacher: {opts.teacher} on {built.engine} ({built.describe()}), beam {built.decode.beam}, "
+            f"{opts.nbest}-best; {len(lines):,} lines in {chunks} chunks of {opts.chunk_lines:,}, "
+            f"{chunks - len(todo)} already done",
+            highlight=False,
+        )
+        start = time.perf_counter()
+        for n, k in enumerate(todo, 1):
+            part = lines[k * opts.chunk_lines : (k + 1) * opts.chunk_lines]
+            results = built.translator.translate_nbest(part)
+            text = "".join(
+                json.dumps(
+                    {"hyps": [h for h, _ in r], "scores": [round(s, 6) for _, s in r]}, ensure_ascii=False
+                )
+                + "\n"
+                for r in results
+            )
+            atomic.write_text(chunk_path(nbest_dir, k), text)
+            done = sum(len(lines[j * opts.chunk_lines : (j + 1) * opts.chunk_lines]) for j in todo[:n])
+            rate = done / (time.perf_counter() - start)
+            self.console.print(f"teacher: chunk {k + 1}/{chunks}, {rate:.1f} lines/s", highlight=False)
+        return {
+            "lines": len(lines),
+            "chunks": chunks,
+            "engine": str(built.engine),
+            "precision": built.precision,
+            "beam": built.decode.beam,
+            "nbest": opts.nbest,
+        }
+
+    def teacher_export(self) -> Path:
+        from nmt.distill.compare import exported
+
+        return exported(self.opts.teacher, self.workdir / "export" / "teacher-ctranslate2", self.console)
+
+    def select(self) -> dict:
+        nbest = []
+        lines = read_lines(self.teacher_source())
+        chunks = math.ceil(len(lines) / self.opts.chunk_lines)
+        for k in range(chunks):
+            path = chunk_path(self.dir / "nbest", k)
+            nbest += [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+        if len(nbest) != len(lines):
+            raise DataError(f"{self.dir / 'nbest'}: {len(nbest)} n-best lists for {len(lines)} source lines")
+        if self.opts.select == "chrf":
+            refs = read_lines(self.source / "clean" / f"train.{self.tgt_lang}")
+            chosen = select_chrf([n["hyps"] for n in nbest], refs)
+        else:
+            chosen = select_top1([n["scores"] for n in nbest])
+        text = "".join(
+            json.dumps(
+                {"hyp": n["hyps"][c.rank], "rank": c.rank, "score": round(c.score, 4)}, ensure_ascii=False
+            )
+            + "\n"
+            for n, c in zip(nbest, chosen, strict=True)
+        )
+        atomic.write_text(self.dir / "selected.jsonl", text)
+        ranks: dict[int, int] = {}
+        for c in chosen:
+            ranks[c.rank] = ranks.get(c.rank, 0) + 1
+        self.console.print(
+            f"select ({self.opts.select}): kept rank "
+            + ", ".join(f"{r + 1}: {ranks[r]:,}" for r in sorted(ranks)),
+            highlight=False,
+        )
+        return {"select": self.opts.select, "ranks": {str(r + 1): n for r, n in sorted(ranks.items())}}
+
+    def filter(self) -> dict:
+        srcs = read_lines(self.teacher_source())
+        selected = [
+            json.loads(x) for x in (self.dir / "selected.jsonl").read_text(encoding="utf-8").splitlines()
+        ]
+        hyps, scores = [s["hyp"] for s in selected], [s["score"] for s in selected]
+        kept, removed = filter_pairs(srcs, hyps, scores, self.opts.filters)
+        clean = self.workdir / "data" / "clean"
+        atomic.write_text(clean / f"train.{self.src_lang}", "".join(srcs[i] + "\n" for i in kept))
+        atomic.write_text(clean / f"train.{self.tgt_lang}", "".join(hyps[i] + "\n" for i in kept))
+        self.console.print(
+            f"filter: {len(srcs):,} pairs, removed "
+            + ", ".join(f"{reason.replace('_', ' ')} {n:,}" for reason, n in removed.items())
+            + f"; kept {len(kept):,}",
+            highlight=False,
+        )
+        return {"pairs": len(srcs), "removed": removed, "kept": len(kept)}
+
+    def data(self) -> dict:
+        """data/ as `nmt preprocess` writes it, with the teacher's subwords and the filtered pairs."""
+        out = self.workdir / "data"
+        atomic.write_bytes(out / "spm.model", checkpoint_subword(self.opts.teacher))
+        text = self.marker_info("text")
+        names = [f"valid.{lang}" for lang in (self.src_lang, self.tgt_lang)]
+        names += [f"test/{name}.{lang}" for name in text["test"] for lang in (self.src_lang, self.tgt_lang)]
+        for name in names:
+            atomic.link_or_copy(self.source / name, out / name)
+        kept = self.marker_info("filter")["kept"]
+        text_info = {
+            "train": {
+                "corpora": {
+                    "distilled": {"lines": kept, "kept": kept, "dropped": dict.fromkeys(CLEAN_REASONS, 0)}
+                }
+            },
+            "valid": text["valid"],
+            "test": text["test"],
+        }
+        stats = binarize(self.cfg.data, out, text_info, self.console)
+        write_json(out / "stats.json", stats)
+        self.console.print(
+            f"data: {stats['train']['kept']:,} training pairs, {stats['valid']['lines']:,} validation pairs "
+            f"(the original references), vocabulary {stats['vocab_size']:,} (the teacher's)",
+            highlight=False,
+        )
+        return {"train_pairs": stats["train"]["kept"], "valid_pairs": stats["valid"]["lines"]}
+
+
+def chunk_path(folder: Path, k: int) -> Path:
+    return folder / f"{k:05d}.jsonl"
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_json(path: Path, obj: dict) -> None:
+    atomic.write_text(path, json.dumps(obj, indent=2) + "\n")
