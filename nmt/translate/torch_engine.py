@@ -38,8 +38,9 @@ class TorchEngine:
 
     name = Engine.TORCH
 
-    def __init__(self, model, decode: DecodeConfig, device: torch.device):
+    def __init__(self, model, decode: DecodeConfig, device: torch.device, shortlist=None):
         self.model, self.decode, self.device = model, decode, torch.device(device)
+        self.shortlist = shortlist  # nmt.shortlist.Shortlist: each sentence decodes over its own set
         self.max_positions = model.max_positions
         self.generator = None
         if decode.sampling:  # one stream for the whole run: the same seed gives the same output
@@ -62,7 +63,7 @@ class TorchEngine:
                 if d.beam == 1:
                     return [[h] for h in self.greedy(src, prefix)]
                 return beam_search(
-                    model, src, d.beam, d.lenpen, d.max_len_a, d.max_len_b, n,
+                    self.decoder(prefix), src, d.beam, d.lenpen, d.max_len_a, d.max_len_b, n,
                     min_len=d.min_len, no_repeat_ngram=d.no_repeat_ngram_size, prefix=prefix,
                 )  # fmt: skip
         finally:
@@ -71,9 +72,18 @@ class TorchEngine:
     def greedy(self, src: Tensor, prefix: Tensor | None, sampler: Sampler | None = None) -> list[Hypothesis]:
         d = self.decode
         return greedy_search(
-            self.model, src, d.max_len_a, d.max_len_b, d.lenpen,
+            self.decoder(prefix), src, d.max_len_a, d.max_len_b, d.lenpen,
             min_len=d.min_len, no_repeat_ngram=d.no_repeat_ngram_size, prefix=prefix, sampler=sampler,
         )  # fmt: skip
+
+    def decoder(self, prefix: Tensor | None):
+        """The model, or with a shortlist the model decoding each sentence over its own set, which
+        holds its forced prefix."""
+        if self.shortlist is None:
+            return self.model
+        from nmt.shortlist import ShortlistDecoder
+
+        return ShortlistDecoder(self.model, self.shortlist, prefix)
 
     def sample(self, src: Tensor, prefix: Tensor | None, n: int) -> list[list[Hypothesis]]:
         """`n` drawn translations of each source, best score first."""
