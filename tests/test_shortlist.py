@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
 import torch
 from typer.testing import CliRunner
 
-from nmt.checkpoint import load_model
+from nmt.checkpoint import load_checkpoint, load_model
 from nmt.cli import app
 from nmt.shortlist import Shortlist, build_shortlist, load_shortlist
 from nmt.tokens import BOS, EOS, PAD, UNK
-from nmt.translate import Translator
+from nmt.translate import Translator, ctranslate2_translator
 
 # numerics: trains or compares numbers, so `make test` runs it again with the AVX2 kernels forced
 pytestmark = [pytest.mark.numerics, pytest.mark.usefixtures("one_torch_thread")]
@@ -168,3 +169,25 @@ def test_nbest_scores_say_they_are_over_the_shortlist(shortlisted: dict[str, Pat
     result = runner.invoke(app, [*args, "--beam", "2", "--device", "cpu"])
     assert result.exit_code == 0, result.output
     assert "over each sentence's shortlist" in result.stderr
+
+
+@pytest.mark.skipif(find_spec("ctranslate2") is None, reason="ctranslate2 is not installed")
+def test_the_ctranslate2_export_carries_the_shortlist_as_its_vocabulary_map(
+    shortlisted: dict[str, Path], synthetic_run: Path, tmp_path: Path
+):
+    out = tmp_path / "ct2"
+    result = runner.invoke(
+        app, ["export", "-m", str(shortlisted["tight"]), "--format", "ctranslate2", "-o", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    vmap = (out / "vmap.txt").read_text(encoding="utf-8").splitlines()
+    assert vmap[0] == "\t"  # no frequent pieces: the always-allowed line is empty
+    assert all(source == target for source, target in (line.split("\t") for line in vmap[1:]))  # reversal
+    model, subword, cfg = load_model(shortlisted["tight"])
+    lines = (synthetic_run / "data" / "valid.xx").read_text().splitlines()[:20]
+    d = dataclasses.replace(cfg.decode, beam=1, shortlist=True)
+    ours = Translator(model, subword, d, torch.device("cpu"), shortlist=load_shortlist(shortlisted["tight"]))
+    theirs = ctranslate2_translator(out, d, threads=1)
+    # one sentence a call: CTranslate2 decodes a batch over the union of its sentences' sets
+    assert [theirs.translate([line])[0] for line in lines] == ours.translate(lines)
+    assert load_checkpoint(shortlisted["tight"]).shortlist is not None
