@@ -17,13 +17,14 @@ target ids (PAD where it has fewer), travel in the checkpoint's `shortlist` entr
 `torch.load(weights_only=True)` reads them.
 
 Decoding. A sentence's set is the frequent pieces, the table rows of its source pieces, EOS and UNK, and
-the ids the caller adds (prefix tokens, glossary tokens): `Shortlist.sentence_ids`. The output
-projection's rows (and the output bias) of each sentence's set are gathered once per batch,
-(B, M, D), the sets padded to the batch's largest size M with rows whose bias is -inf, and every step
-multiplies each sentence's hidden states by its own rows only (`SentenceOutput.logits`, a batched
-product). The logits of the other tokens are -inf, so the log-softmax normalizes over the sentence's set
-and a sentence's output does not depend on the other sentences of its batch (CTranslate2 and Marian
-decode over the union of a batch's sets). Scores are log-probabilities over the shortlist.
+the ids the caller adds (prefix tokens, glossary tokens): `Shortlist.members`. The output projection's
+rows (and the output bias) of the union of a batch's sets are gathered once per batch, (U, D), and each
+step multiplies every row's hidden state by them (`SentenceOutput.logits`): one shared matrix, not one per
+sentence, which would read B times the weights at every step (slower than the whole vocabulary at greedy
+batches of hundreds). Each sentence's bias is -inf on the union's ids outside its own set, and every
+logit outside the union is -inf, so the log-softmax normalizes over the sentence's own set and its output
+does not depend on the other sentences of its batch (CTranslate2 and Marian decode over the union itself).
+Scores are log-probabilities over the shortlist.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from nmt.checkpoint import load_checkpoint, save_checkpoint
@@ -66,9 +68,9 @@ class Shortlist:
     def from_payload(cls, payload: dict[str, Tensor]) -> Shortlist:
         return cls(payload["frequent"].long(), payload["table"].long())
 
-    def sentence_ids(self, src: Tensor, extra: Tensor | None = None) -> Tensor:
-        """Each sentence's target set, ascending ids padded with PAD to the largest set:
-        (B, S) source ids (PAD-padded), (B, E) ids to add (PAD-filled) or None -> (B, M)."""
+    def members(self, src: Tensor, extra: Tensor | None = None) -> Tensor:
+        """Each sentence's target set as a mask: (B, S) source ids (PAD-padded), (B, E) ids to add
+        (PAD-filled) or None -> (B, V) bool."""
         b, v = src.shape[0], self.vocab_size
         member = torch.zeros(b, v, dtype=torch.bool, device=src.device)  # (B, V)
         member[:, self.frequent.to(src.device)] = True
@@ -77,48 +79,48 @@ class Shortlist:
         if extra is not None:
             member.scatter_(1, extra, True)
         member[:, [PAD, BOS]] = False  # never emitted (nmt.translate.search)
+        return member
+
+    def sentence_ids(self, src: Tensor, extra: Tensor | None = None) -> Tensor:
+        """Each sentence's set as ascending ids padded with PAD to the largest set: -> (B, M)."""
+        member = self.members(src, extra)
         rows, cols = member.nonzero(as_tuple=True)  # row-major: each row's ids ascending
         sizes = member.sum(1)  # (B,)
         starts = torch.cumsum(sizes, 0) - sizes  # (B,)
-        ids = torch.full((b, int(sizes.max())), PAD, dtype=torch.long, device=src.device)  # (B, M)
+        ids = torch.full((len(member), int(sizes.max())), PAD, dtype=torch.long, device=src.device)  # (B, M)
         ids[rows, torch.arange(len(rows), device=src.device) - starts[rows]] = cols
         return ids
 
 
 @dataclass
 class SentenceOutput:
-    """The output projection restricted to each sentence's set: its rows gathered once, (B, M, D)."""
+    """The output projection restricted to the union of a batch's sets, each sentence masked to its own."""
 
-    ids: Tensor  # (B, M) target ids, PAD on padding
-    weight: Tensor  # (B, M, D) the projection's rows of those ids
-    bias: Tensor  # (B, 1, M) their output bias (0 without one), -inf on padding
+    ids: Tensor  # (U,) the union's target ids, ascending
+    weight: Tensor  # (U, D) the projection's rows of those ids
+    bias: Tensor  # (B, 1, U) the output bias (0 without one) on each sentence's own ids, -inf elsewhere
     vocab_size: int
 
     @classmethod
-    def gather(cls, ids: Tensor, weight: Tensor, bias: Tensor | None) -> SentenceOutput:
-        """`ids` (B, M) from Shortlist.sentence_ids; `weight` (V, D) and `bias` (V,) or None: a model's."""
-        rows = weight[ids]  # (B, M, D)
-        b = bias[ids] if bias is not None else torch.zeros(ids.shape, dtype=weight.dtype, device=ids.device)
-        b = b.masked_fill(ids == PAD, -math.inf)[:, None, :]  # (B, 1, M)
-        return cls(ids, rows, b, weight.shape[0])
+    def gather(cls, member: Tensor, weight: Tensor, bias: Tensor | None) -> SentenceOutput:
+        """`member` (B, V) from Shortlist.members; `weight` (V, D) and `bias` (V,) or None: a model's."""
+        ids = member.any(0).nonzero().squeeze(1)  # (U,)
+        own = bias[ids] if bias is not None else torch.zeros(ids.shape, dtype=weight.dtype, device=ids.device)
+        masked = torch.where(member[:, ids], own, -math.inf).to(weight.dtype)[:, None, :]  # (B, 1, U)
+        return cls(ids, weight[ids], masked, weight.shape[0])
 
     def logits(self, y: Tensor, beam: int) -> Tensor:
-        """Hidden states y (B*beam, D), sentence-major -> (B*beam, V): the set's logits, -inf elsewhere."""
-        b, m, d = self.weight.shape
-        y = y.to(self.weight.dtype)
-        scores = torch.baddbmm(self.bias, y.view(b, beam, d), self.weight.transpose(1, 2))  # (B, beam, M)
-        out = scores.new_full((b, beam, self.vocab_size), -math.inf)  # (B, beam, V)
-        out.scatter_(2, self.ids[:, None, :].expand(b, beam, m), scores)
-        return out.view(b * beam, self.vocab_size)
+        """Hidden states y (B*beam, D), sentence-major -> (B*beam, V): each sentence's set's logits, -inf
+        elsewhere."""
+        b, u = self.bias.shape[0], len(self.ids)
+        scores = F.linear(y.to(self.weight.dtype), self.weight).view(b, beam, u) + self.bias  # (B, beam, U)
+        out = scores.new_full((b * beam, self.vocab_size), -math.inf)  # (B*beam, V)
+        return out.index_copy_(1, self.ids, scores.view(b * beam, u))
 
     def select(self, sentences: Tensor) -> SentenceOutput:
-        """Only the sentences `sentences` (B',), in that order (finished ones leave the batch)."""
-        return SentenceOutput(
-            self.ids.index_select(0, sentences),
-            self.weight.index_select(0, sentences),
-            self.bias.index_select(0, sentences),
-            self.vocab_size,
-        )
+        """Only the sentences `sentences` (B',), in that order (finished ones leave the batch); the union
+        stays: the others' ids are -inf for them already."""
+        return SentenceOutput(self.ids, self.weight, self.bias.index_select(0, sentences), self.vocab_size)
 
 
 class ShortlistDecoder:
@@ -139,14 +141,14 @@ class ShortlistDecoder:
 
     def encode(self, src: Tensor):
         memory, src_keep = self.model.encode(src)
-        return memory, (src_keep, self.shortlist.sentence_ids(src, self.extra))
+        return memory, (src_keep, self.shortlist.members(src, self.extra))  # sets: (B, V) bool
 
     def init_state(self, memory, src_keep, max_len: int, beam: int = 1):
-        keep, ids = src_keep
+        keep, sets = src_keep
         state = self.model.init_state(memory, keep, max_len, beam)
-        members = getattr(self.model, "members", [self.model])
-        for member, member_state in zip(members, state if isinstance(state, list) else [state], strict=True):
-            member_state.shortlist = SentenceOutput.gather(ids, member.output_weight, member.output_bias)
+        models = getattr(self.model, "members", [self.model])  # an Ensemble's, each with its own state
+        for model, model_state in zip(models, state if isinstance(state, list) else [state], strict=True):
+            model_state.shortlist = SentenceOutput.gather(sets, model.output_weight, model.output_bias)
         return state
 
     def step(self, tokens: Tensor, state):
