@@ -163,6 +163,19 @@ def test_serve_with_shortlist_refuses_a_checkpoint_without_one_before_listening(
     assert "carries no shortlist" in result.output and "Traceback" not in result.output
 
 
+def test_serve_with_shortlist_answers_over_each_sentences_set(shortlisted: dict[str, Path]):
+    from .test_serve import Server, libre  # skips without the serve extra
+
+    server = Server(shortlisted["tight"], "--shortlist", "--device", "cpu")
+    try:
+        assert server.request("/translate", libre(["a b c", "p o"])) == (
+            200,
+            {"translatedText": ["c b a", "o p"]},
+        )
+    finally:
+        assert server.stop() == 0
+
+
 def test_nbest_scores_say_they_are_over_the_shortlist(shortlisted: dict[str, Path], synthetic_run: Path):
     source = synthetic_run / "data" / "valid.xx"
     args = ["translate", "-m", str(shortlisted["tight"]), "-i", str(source), "--shortlist", "--nbest", "2"]
