@@ -230,7 +230,7 @@ class DecoderState:
     beam: int  # rows per sentence
     max_len: int  # positions the search may step through: the cache never grows beyond them
     length: int = 0  # target positions decoded so far
-    shortlist: Any = None  # each sentence's output rows (nmt.shortlist.SentenceOutput); None: all of V
+    shortlist: Any = None  # nmt.shortlist.SentenceOutput: logits over a batch's shortlists; None: all of V
 
     @property
     def rows(self) -> int:
@@ -348,7 +348,7 @@ class Transformer(nn.Module):
             mem_k, mem_v = state.mem_kv[i]  # each (B, H, S, K)
             y = layer.step(y, state.self_kv[i][:, :n], t, mem_k, mem_v, state.src_bias, state.beam)
         state.length = t + 1
-        if state.shortlist is not None:  # each sentence's own rows of the projection (nmt.shortlist)
+        if state.shortlist is not None:  # (N, U): over the shortlists' union only (nmt.shortlist)
             return state.shortlist.logits(self.decoder_norm(y[:, 0]), state.beam), state
         return self.output(y[:, 0]), state
 

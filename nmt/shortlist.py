@@ -17,18 +17,19 @@ target ids (PAD where it has fewer), travel in the checkpoint's `shortlist` entr
 `torch.load(weights_only=True)` reads them.
 
 Decoding. A sentence's set is the frequent pieces, the table rows of its source pieces, EOS and UNK, and
-the ids the caller adds (prefix tokens, glossary tokens): `Shortlist.members`. The output projection's
-rows (and the output bias) of the union of a batch's sets are gathered once per batch, (U, D), and each
-step multiplies every row's hidden state by them (`SentenceOutput.logits`): one shared matrix, not one per
-sentence, which would read B times the weights at every step (slower than the whole vocabulary at greedy
-batches of hundreds). Each sentence's bias is -inf on the union's ids outside its own set, and every
-logit outside the union is -inf, so the log-softmax normalizes over the sentence's own set and its output
-does not depend on the other sentences of its batch (CTranslate2 and Marian decode over the union itself).
-Scores are log-probabilities over the shortlist.
+the ids the caller adds (prefix tokens, glossary tokens): `Shortlist.members`. A batch decodes over the
+union of its sentences' sets, U ids, renumbered 0..U-1 (`ShortlistDecoder`), so that the output
+projection, log-softmax and top-k of every step cover U columns, not V. The projection's rows (and the
+output bias) of the union are gathered once per batch, (U, D): one shared matrix, not one per sentence,
+which would read B times the weights at every step (slower than the whole vocabulary at greedy batches
+of hundreds). Each sentence's bias is -inf on the union's ids outside its own set, so its log-softmax
+normalizes over its own set and its output does not depend on the other sentences of its batch
+(CTranslate2 and Marian decode over the union itself). Scores are log-probabilities over the shortlist.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import math
 from collections.abc import Iterator, Sequence
@@ -96,63 +97,81 @@ class Shortlist:
 class SentenceOutput:
     """The output projection restricted to the union of a batch's sets, each sentence masked to its own."""
 
-    ids: Tensor  # (U,) the union's target ids, ascending
-    weight: Tensor  # (U, D) the projection's rows of those ids
+    weight: Tensor  # (U, D) the projection's rows of the union's ids
     bias: Tensor  # (B, 1, U) the output bias (0 without one) on each sentence's own ids, -inf elsewhere
-    vocab_size: int
 
     @classmethod
-    def gather(cls, member: Tensor, weight: Tensor, bias: Tensor | None) -> SentenceOutput:
-        """`member` (B, V) from Shortlist.members; `weight` (V, D) and `bias` (V,) or None: a model's."""
-        ids = member.any(0).nonzero().squeeze(1)  # (U,)
+    def gather(cls, sets: Tensor, ids: Tensor, weight: Tensor, bias: Tensor | None) -> SentenceOutput:
+        """`sets` (B, V) from Shortlist.members, `ids` (U,) their union; `weight` (V, D) and `bias` (V,) or
+        None: a model's."""
         own = bias[ids] if bias is not None else torch.zeros(ids.shape, dtype=weight.dtype, device=ids.device)
-        masked = torch.where(member[:, ids], own, -math.inf).to(weight.dtype)[:, None, :]  # (B, 1, U)
-        return cls(ids, weight[ids], masked, weight.shape[0])
+        masked = torch.where(sets[:, ids], own, -math.inf).to(weight.dtype)[:, None, :]  # (B, 1, U)
+        return cls(weight[ids], masked)
 
     def logits(self, y: Tensor, beam: int) -> Tensor:
-        """Hidden states y (B*beam, D), sentence-major -> (B*beam, V): each sentence's set's logits, -inf
-        elsewhere."""
-        b, u = self.bias.shape[0], len(self.ids)
+        """Hidden states y (B*beam, D), sentence-major -> logits over the union (B*beam, U), -inf outside
+        each sentence's set."""
+        b, u = self.bias.shape[0], self.weight.shape[0]
         scores = F.linear(y.to(self.weight.dtype), self.weight).view(b, beam, u) + self.bias  # (B, beam, U)
-        out = scores.new_full((b * beam, self.vocab_size), -math.inf)  # (B*beam, V)
-        return out.index_copy_(1, self.ids, scores.view(b * beam, u))
+        return scores.view(b * beam, u)
 
     def select(self, sentences: Tensor) -> SentenceOutput:
-        """Only the sentences `sentences` (B',), in that order (finished ones leave the batch); the union
-        stays: the others' ids are -inf for them already."""
-        return SentenceOutput(self.ids, self.weight, self.bias.index_select(0, sentences), self.vocab_size)
+        """Only the sentences `sentences` (B',), in that order (finished ones leave the batch)."""
+        return SentenceOutput(self.weight, self.bias.index_select(0, sentences))
 
 
 class ShortlistDecoder:
-    """A model (or an Ensemble) whose every sentence decodes over its own shortlist: search's decoder
-    contract (nmt.translate.search.Decoder), the model's own calls with the sets added at init_state.
+    """A model (or an Ensemble) decoding the sources `src` over their shortlists: search's decoder contract
+    (nmt.translate.search.Decoder) in the union's own numbering, where token i is vocabulary id ids[i].
 
-    `extra` (B, E), PAD-filled, adds ids to the sets of the sentences `encode` is given, in that order:
-    the engine passes forced prefixes here (and glossary tokens would go the same way).
+    The search then works on U columns, not V: the projection, log-softmax and top-k of every step. The
+    reserved ids (PAD, UNK, BOS, EOS: the lowest) are always in the union, so they keep their numbers and
+    the search's masks and EOS test hold as they are. `extra` (B, E), PAD-filled, adds ids to each source's
+    set: the engine passes forced prefixes (`to_union` renumbers them) and glossary tokens would go the same
+    way; `from_union` turns the search's hypotheses back into vocabulary ids.
     """
 
-    def __init__(self, model, shortlist: Shortlist, extra: Tensor | None = None):
-        self.model, self.shortlist, self.extra = model, shortlist, extra
-        self.vocab_size, self.max_positions = model.vocab_size, model.max_positions
+    def __init__(self, model, shortlist: Shortlist, src: Tensor, extra: Tensor | None = None):
         if shortlist.vocab_size != model.vocab_size:
             raise NmtError(
                 f"the shortlist is for {shortlist.vocab_size} subwords, the model has {model.vocab_size}"
             )
+        self.model, self.max_positions = model, model.max_positions
+        self.sets = shortlist.members(src, extra)  # (B, V)
+        union = self.sets.any(0)
+        union[: max(PAD, UNK, BOS, EOS) + 1] = True
+        self.ids = union.nonzero().squeeze(1)  # (U,) ascending: ids[i] = i for the reserved ones
+        self.vocab_size = len(self.ids)
+        self.index = torch.zeros(model.vocab_size, dtype=torch.long, device=src.device)  # (V,) id -> i
+        self.index[self.ids] = torch.arange(self.vocab_size, device=src.device)
+
+    def to_union(self, tokens: Tensor | None) -> Tensor | None:
+        return None if tokens is None else self.index[tokens]
+
+    def from_union(self, found: list) -> list:
+        """The search's hypotheses (a list, or a list of n-best lists) with vocabulary ids."""
+        ids = self.ids.tolist()
+        return [
+            self.from_union(h)
+            if isinstance(h, list)
+            else dataclasses.replace(h, tokens=[ids[t] for t in h.tokens])
+            for h in found
+        ]
 
     def encode(self, src: Tensor):
-        memory, src_keep = self.model.encode(src)
-        return memory, (src_keep, self.shortlist.members(src, self.extra))  # sets: (B, V) bool
+        return self.model.encode(src)
 
     def init_state(self, memory, src_keep, max_len: int, beam: int = 1):
-        keep, sets = src_keep
-        state = self.model.init_state(memory, keep, max_len, beam)
+        state = self.model.init_state(memory, src_keep, max_len, beam)
         models = getattr(self.model, "members", [self.model])  # an Ensemble's, each with its own state
         for model, model_state in zip(models, state if isinstance(state, list) else [state], strict=True):
-            model_state.shortlist = SentenceOutput.gather(sets, model.output_weight, model.output_bias)
+            model_state.shortlist = SentenceOutput.gather(
+                self.sets, self.ids, model.output_weight, model.output_bias
+            )
         return state
 
     def step(self, tokens: Tensor, state):
-        return self.model.step(tokens, state)
+        return self.model.step(self.ids[tokens], state)  # (N,) union numbers -> vocabulary ids
 
     def reorder_beams(self, state, rows: Tensor):
         return self.model.reorder_beams(state, rows)

@@ -62,28 +62,32 @@ class TorchEngine:
                     return self.sample(src, prefix, n)
                 if d.beam == 1:
                     return [[h] for h in self.greedy(src, prefix)]
-                return beam_search(
-                    self.decoder(prefix), src, d.beam, d.lenpen, d.max_len_a, d.max_len_b, n,
+                decoder, prefix, restore = self.decoder(src, prefix)
+                return restore(beam_search(
+                    decoder, src, d.beam, d.lenpen, d.max_len_a, d.max_len_b, n,
                     min_len=d.min_len, no_repeat_ngram=d.no_repeat_ngram_size, prefix=prefix,
-                )  # fmt: skip
+                ))  # fmt: skip
         finally:
             model.train(was_training)
 
     def greedy(self, src: Tensor, prefix: Tensor | None, sampler: Sampler | None = None) -> list[Hypothesis]:
         d = self.decode
-        return greedy_search(
-            self.decoder(prefix), src, d.max_len_a, d.max_len_b, d.lenpen,
+        decoder, prefix, restore = self.decoder(src, prefix)
+        return restore(greedy_search(
+            decoder, src, d.max_len_a, d.max_len_b, d.lenpen,
             min_len=d.min_len, no_repeat_ngram=d.no_repeat_ngram_size, prefix=prefix, sampler=sampler,
-        )  # fmt: skip
+        ))  # fmt: skip
 
-    def decoder(self, prefix: Tensor | None):
-        """The model, or with a shortlist the model decoding each sentence over its own set, which
-        holds its forced prefix."""
+    def decoder(self, src: Tensor, prefix: Tensor | None):
+        """What the search decodes with: the model, its prefix, and what turns the hypotheses into
+        vocabulary ids. With a shortlist, each sentence decodes over its own set (which holds its prefix),
+        the search in the numbering of the batch's union (nmt.shortlist.ShortlistDecoder)."""
         if self.shortlist is None:
-            return self.model
+            return self.model, prefix, lambda found: found
         from nmt.shortlist import ShortlistDecoder
 
-        return ShortlistDecoder(self.model, self.shortlist, prefix)
+        decoder = ShortlistDecoder(self.model, self.shortlist, src, prefix)
+        return decoder, decoder.to_union(prefix), decoder.from_union
 
     def sample(self, src: Tensor, prefix: Tensor | None, n: int) -> list[list[Hypothesis]]:
         """`n` drawn translations of each source, best score first."""
