@@ -9,22 +9,23 @@ checkpoint by nmt.formats.ctranslate2 (float32 and int8 on a CPU; float16 and bf
 alone without ctranslate2). Every engine gets the same decode settings (beam 4, the checkpoint's length
 penalty and length limit), batch budget (both cut batches with nmt.translate.token_batches) and threads.
 Each engine lives in its own worker process, which loads the model once; the parent runs the timed passes
-round-robin (engine order rotated each repetition), so a neighbour stealing the CPU for a while slows
-every engine alike, and reads each worker's resident-set high-water mark (VmHWM) as its peak memory, and
-that minus the RSS right after the imports as what the model and the decoding cost ("over imports").
+round-robin (engine order rotated each repetition), so a neighbour stealing the CPU slows every engine
+alike, and reads each worker's high-water RSS (VmHWM) as its peak memory, and that minus the RSS after the
+imports as what the model and the decoding cost.
 
 Figures: target subwords/s and sentences/s of a full pass (median over repetitions; subwords counted by
 re-encoding each engine's output), the speed ratio nmt time / engine time per repetition, the latency of
-one sentence at a time (median), peak RSS, and how many outputs are the same as nmt's.
+one sentence at a time (median), peak RSS, how many outputs are nmt's, and BLEU and chrF with --refs.
+The speed-quality table: `--model` and `--beam` repeated (each pair one round-robin group) and
+`--shortlist` (every engine also over the checkpoint's shortlist, nmt.shortlist; CTranslate2's vmap.txt).
 
-Without --model nothing is trained: a Transformer of --recipe's size (wmt14-en-de-base: the paper's base
-model, 63M parameters; `--set` to change it) with random weights and a SentencePiece model trained on
-synthetic text. Random weights almost never emit EOS, so every output runs to its length limit, set to
-0 x |x| + 30 subwords for every sentence: every engine does the same work (the CTranslate2 engine decodes
-a batch up to its longest sentence's limit), and 30 subwords is about a real translation's length. Random
-weights also make near-ties everywhere, so the "same as nmt" column means nothing for them. Without
---input the sentences are synthetic, with newstest2014's words per sentence: log-normal with mean 25 and
-standard deviation 14 (mu = 3.08, sigma = 0.52), clipped to 1..120.
+Without --model nothing is trained: a Transformer of --recipe's size (wmt14-en-de-base: the base model,
+63M parameters; `--set` to change it) with random weights and a SentencePiece model of synthetic text.
+Random weights almost never emit EOS, so every output runs to its length limit, 0 x |x| + 30 subwords:
+every engine does the same work (CTranslate2 decodes a batch up to its longest sentence's limit), about a
+real translation's length; their near-ties make "same as nmt" meaningless. Without --input the sentences
+are synthetic, with newstest2014's words per sentence: log-normal, mean 25, sd 14 (mu = 3.08, sigma =
+0.52), clipped to 1..120.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import common  # benchmarks/common.py: these scripts run with benchmarks/ on sys.path
+import sacrebleu
 from common import MIB, NEWSTEST_WORDS, RESULTS, SyntheticText, max_rss, random_model
 
 SECTION = "## Translation speed"
@@ -50,27 +52,26 @@ CPU_ENGINES = [("nmt", "fp32"), ("nmt", "int8"), ("ctranslate2", "float32"), ("c
 GPU_ENGINES = [("nmt", "bf16"), ("ctranslate2", "float16"), ("ctranslate2", "bfloat16")]
 
 
-# ---------------------------------------------------------------------------------------------------------
-# One engine in its own process
-
-
 def worker() -> None:
     """Load one engine, then answer commands on stdin (run, latency, quit) with one JSON line each."""
     job = json.loads(sys.stdin.readline())
     from nmt.config import DecodeConfig
 
-    decode = DecodeConfig(**job["decode"])
+    decode = DecodeConfig(**{**job["decode"], "shortlist": job["shortlist"]})
     if job["engine"] == "nmt":
         import torch
 
         from nmt.checkpoint import load_model
+        from nmt.shortlist import load_shortlist
         from nmt.translate import Translator, inference_model
 
         torch.set_num_threads(job["threads"])
         rss_imports = max_rss()
         device = torch.device(job["device"])
         model, subword, _ = load_model(Path(job["checkpoint"]), device)
-        translator = Translator(inference_model(model, job["compute"], device), subword, decode, device)
+        shortlist = load_shortlist(Path(job["checkpoint"])) if job["shortlist"] else None
+        model = inference_model(model, job["compute"], device)
+        translator = Translator(model, subword, decode, device, shortlist=shortlist)
     else:
         from nmt.translate import ctranslate2_translator
 
@@ -112,7 +113,8 @@ class Worker:
 
     def __init__(self, engine: str, compute: str, job: dict):
         self.engine, self.compute = engine, compute
-        self.name = f"{'nmt' if engine == 'nmt' else 'CTranslate2'} {compute}"
+        self.name = f"{job['label']}{'nmt' if engine == 'nmt' else 'CTranslate2'} {compute}"
+        self.name += " +shortlist" if job["shortlist"] else ""
         cmd = [sys.executable, __file__, "--worker"]
         env = {**os.environ, "OMP_NUM_THREADS": str(job["threads"]), "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
@@ -129,10 +131,6 @@ class Worker:
         return json.loads(reply)
 
 
-# ---------------------------------------------------------------------------------------------------------
-# The measurement
-
-
 @dataclass
 class Result:
     name: str
@@ -143,11 +141,13 @@ class Result:
     rss_peak: int
     rss_over_imports: int
     same_as_nmt: float  # fraction of lines
+    bleu: float | None = None  # with --refs
+    chrf: float | None = None
 
 
-def measure(job: dict, engines: list[tuple[str, str]], repeats: int) -> list[Result]:
+def measure(job: dict, engines: list[tuple[str, str, bool]], repeats: int, refs: list | None) -> list[Result]:
     # Started one after another, each waited for: loading is not timed, and would share the CPU.
-    workers = [Worker(engine, compute, job) for engine, compute in engines]
+    workers = [Worker(engine, compute, {**job, "shortlist": sl}) for engine, compute, sl in engines]
     for rep in range(repeats):
         for w in workers[rep % len(workers) :] + workers[: rep % len(workers)]:
             w.runs.append(w.ask("run"))
@@ -173,6 +173,8 @@ def measure(job: dict, engines: list[tuple[str, str]], repeats: int) -> list[Res
                 rss_peak=peaks[w.name],
                 rss_over_imports=peaks[w.name] - w.ready["rss_imports"],
                 same_as_nmt=same,
+                bleu=sacrebleu.corpus_bleu(outputs, [refs]).score if refs else None,
+                chrf=sacrebleu.corpus_chrf(outputs, [refs]).score if refs else None,
             )
         )
     return results
@@ -184,13 +186,17 @@ def table_rows(results: list[Result]) -> list[list[str]]:
         speeds = f"{r.tokens_per_s:,.0f}", f"{r.sentences_per_s:,.1f}"
         speedup = f"{statistics.median(r.ratios):.2f} ({min(r.ratios):.2f}-{max(r.ratios):.2f})"
         rss = f"{r.rss_peak / MIB:,.0f}", f"{r.rss_over_imports / MIB:,.0f}"
-        rows.append([r.name, *speeds, speedup, f"{r.latency_ms:,.1f}", *rss, f"{100 * r.same_as_nmt:.1f}%"])
+        quality = ["n/a" if q is None else f"{q:.2f}" for q in (r.bleu, r.chrf)]
+        rows.append(
+            [r.name, *speeds, speedup, f"{r.latency_ms:,.1f}", *rss, f"{r.same_as_nmt:.1%}", *quality]
+        )
     return rows
 
 
 # speed-up: nmt's time / this engine's time; latency: one sentence at a time; RSS: the worker process's
 # high-water mark, and that minus its RSS after the imports; same: outputs identical to nmt's.
 HEADER = ["engine", "tgt tok/s", "sent/s", "speed-up (min-max)", "latency ms", "RSS MiB", "Δ MiB", "same"]
+HEADER += ["BLEU", "chrF"]  # with --refs
 
 
 def record_entry(results: list[Result], about: dict) -> str:
@@ -215,19 +221,19 @@ def record_entry(results: list[Result], about: dict) -> str:
 
 def main(argv: list[str] | None = None) -> list[Result]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", type=Path, help="an nmt checkpoint (default: random weights, --recipe's size)")
     p.add_argument(
-        "--recipe", default="multi30k-en-de", help="without --model: whose model gets random weights"
+        "--model", type=Path, action="append", help="an nmt checkpoint, repeatable (default: random)"
     )
+    p.add_argument("--recipe", default="multi30k-en-de", help="without --model: the random model's recipe")
     p.add_argument("--input", type=Path, help="source sentences, one a line (default: synthetic)")
     p.add_argument("--lines", type=int, help="use the first N input lines (default: all; synthetic: 300)")
     p.add_argument("--repeats", type=int, default=3, help="timed passes per engine (default 3)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="CPU threads for every engine")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    p.add_argument("--beam", type=int, default=4)
-    p.add_argument(
-        "--max-tokens", type=int, help="batch budget (default: the checkpoint's decode.batch_tokens)"
-    )
+    p.add_argument("--beam", type=int, action="append", help="beam size (default 4); repeatable")
+    p.add_argument("--refs", type=Path, help="references of --input, line by line: BLEU and chrF columns")
+    p.add_argument("--shortlist", action="store_true", help="every engine also over the lexical shortlist")
+    p.add_argument("--max-tokens", type=int, help="batch budget (default: the checkpoint's batch_tokens)")
     p.add_argument("--max-len-a", type=float, help="length limit a (default: checkpoint's; random model: 0)")
     p.add_argument("--max-len-b", type=int, help="length limit b (default: checkpoint's; random model: 30)")
     p.add_argument("--latency-lines", type=int, default=30, help="sentences translated one at a time")
@@ -253,56 +259,52 @@ def main(argv: list[str] | None = None) -> list[Result]:
     ct2 = importlib.util.find_spec("ctranslate2") is not None
     engines = GPU_ENGINES if args.device.startswith("cuda") else CPU_ENGINES
     engines = engines if ct2 else [e for e in engines if e[0] == "nmt"]
+    engines = [(e, c, sl) for e, c in engines for sl in ((False, True) if args.shortlist else (False,))]
+    beams, refs = args.beam or [4], None
+    if args.input is not None:
+        lines = args.input.read_text(encoding="utf-8").splitlines()
+        refs = args.refs.read_text(encoding="utf-8").splitlines() if args.refs else lines
+        kept = [(line, ref) for line, ref in zip(lines, refs, strict=True) if line.strip()]
+        kept = kept[: args.lines] if args.lines else kept
+        lines, refs = [line for line, _ in kept], [ref for _, ref in kept] if args.refs else None
+        input_about = f"{args.input} ({len(lines)} lines)" + (f", references {args.refs}" if refs else "")
+    else:
+        lines = SyntheticText(seed=2).lines(args.lines or 300, NEWSTEST_WORDS)
+        input_about = (
+            f"{len(lines)} synthetic sentences, words per sentence log-normal with newstest2014's "
+            f"mean 25 and sd 14 (here: mean {statistics.mean(map(len, map(str.split, lines))):.1f})"
+        )
+    latency_lines = random.Random(3).sample(lines, min(args.latency_lines, len(lines)))
+    results, details = [], []
     with tempfile.TemporaryDirectory(prefix="translate-speed-") as tmp:
         work = Path(tmp)
         if args.model is None:
-            console.print(
-                f"no --model: random weights of the {args.recipe} recipe's size (nothing is trained)"
-            )
-            checkpoint, random_weights = random_model(work, args.recipe, args.overrides), True
+            console.print(f"no --model: random weights of the {args.recipe} recipe's size (untrained)")
+            checkpoints, random_weights = [random_model(work, args.recipe, args.overrides)], True
         else:
-            checkpoint, random_weights = args.model, False
-        ckpt = load_checkpoint(checkpoint)
-        d = ckpt.config.decode
-        default_a, default_b = (0.0, 30) if random_weights else (d.max_len_a, d.max_len_b)
-        decode = dataclasses.replace(
-            d,
-            beam=args.beam,
-            nbest=1,
-            batch_tokens=args.max_tokens or d.batch_tokens,
-            max_len_a=default_a if args.max_len_a is None else args.max_len_a,
-            max_len_b=default_b if args.max_len_b is None else args.max_len_b,
-        )
-        if args.input is not None:
-            lines = [line for line in args.input.read_text(encoding="utf-8").splitlines() if line.strip()]
-            lines = lines[: args.lines] if args.lines else lines
-            input_about = f"{args.input} ({len(lines)} lines)"
-        else:
-            lines = SyntheticText(seed=2).lines(args.lines or 300, NEWSTEST_WORDS)
-            input_about = (
-                f"{len(lines)} synthetic sentences, words per sentence log-normal with newstest2014's "
-                f"mean 25 and sd 14 (here: mean {statistics.mean(map(len, map(str.split, lines))):.1f})"
-            )
-        ct2_dir = export(checkpoint, work / "ct2") if ct2 else work / "ct2"
-        latency_lines = random.Random(3).sample(lines, min(args.latency_lines, len(lines)))
-        job = {
-            "checkpoint": str(checkpoint),
-            "ct2_dir": str(ct2_dir),
-            "decode": dataclasses.asdict(decode),
-            "device": args.device,
-            "threads": args.threads,
-            "lines": lines,
-            "latency_lines": latency_lines,
-        }
-        results = measure(job, engines, args.repeats)
+            checkpoints, random_weights = args.model, False
+        for checkpoint in checkpoints:
+            ckpt = load_checkpoint(checkpoint)
+            d, cfg = ckpt.config.decode, ckpt.config.model
+            a = (0.0 if random_weights else d.max_len_a) if args.max_len_a is None else args.max_len_a
+            b = (30 if random_weights else d.max_len_b) if args.max_len_b is None else args.max_len_b
+            ct2_dir = export(checkpoint, work / f"ct2-{len(details)}") if ct2 else work / "ct2"
+            params = sum(v.numel() for v in ckpt.model_state.values())
+            details.append(f"{checkpoint.stem}: {cfg.encoder_layers}+{cfg.decoder_layers} layers, d_model "
+                           f"{cfg.d_model}, d_ff {cfg.d_ff}, {cfg.heads} heads, vocab {ckpt.vocab_size}, "
+                           f"{params:,} parameters" + " (random weights)" * random_weights)  # fmt: skip
+            for beam in beams:
+                decode = dataclasses.replace(d, beam=beam, nbest=1, max_len_a=a, max_len_b=b,
+                                             batch_tokens=args.max_tokens or d.batch_tokens)  # fmt: skip
+                label = f"{checkpoint.stem} beam {beam}: " if len(checkpoints) + len(beams) > 2 else ""
+                job = dict(checkpoint=str(checkpoint), ct2_dir=str(ct2_dir), label=label, device=args.device,
+                           decode=dataclasses.asdict(decode), threads=args.threads, lines=lines,
+                           latency_lines=latency_lines)  # fmt: skip
+                results += measure(job, engines, args.repeats, refs)
 
-    cfg = ckpt.config.model
-    params = sum(v.numel() for k, v in ckpt.model_state.items())
     about = {
-        "model": f"random weights, {args.recipe} size" if random_weights else str(checkpoint),
-        "model_detail": f"{cfg.encoder_layers}+{cfg.decoder_layers} layers, d_model {cfg.d_model}, "
-        f"d_ff {cfg.d_ff}, {cfg.heads} heads, vocabulary {ckpt.vocab_size}, {params:,} parameters"
-        + (" (random weights: outputs run to the length limit)" if random_weights else ""),
+        "model": ", ".join(map(str, checkpoints)) if not random_weights else f"random weights, {args.recipe}",
+        "model_detail": "; ".join(details),
         "device": args.device,
         "machine": common.machine_name(args.device),
         "threads": args.threads,
@@ -310,8 +312,8 @@ def main(argv: list[str] | None = None) -> list[Result]:
         "ctranslate2": importlib.import_module("ctranslate2").__version__ if ct2 else "not installed",
         "command": common.command_line(__file__, argv),
         "input": input_about,
-        "decoding": f"beam {decode.beam}, lenpen {decode.lenpen}, max length {decode.max_len_a:g} x |x| + "
-        f"{decode.max_len_b}, batch budget {decode.batch_tokens} (sentences x beam x max(source, output))",
+        "decoding": f"beam {' and '.join(map(str, beams))}, lenpen {decode.lenpen}, max length "
+        f"{a:g} x |x| + {b}, batch budget {decode.batch_tokens} (sentences x beam x max(source, output))",
         "repeats": args.repeats,
         "latency_lines": len(latency_lines),
     }

@@ -43,6 +43,7 @@ class Checkpoint:
     model_state: dict[str, Tensor]
     subword_proto: bytes
     train_state: dict | None = None
+    shortlist: dict[str, Tensor] | None = None  # nmt.shortlist: frequent (F,) and table (V, K) target ids
 
 
 def save_checkpoint(
@@ -53,6 +54,7 @@ def save_checkpoint(
     subword_proto: bytes,
     vocab_size: int,
     train_state: dict | None = None,
+    shortlist: dict[str, Tensor] | None = None,
 ) -> None:
     payload = {
         "format": FORMAT,
@@ -64,6 +66,8 @@ def save_checkpoint(
         "subword": torch.frombuffer(bytearray(subword_proto), dtype=torch.uint8),
         "train_state": train_state,
     }
+    if shortlist is not None:  # only then: checkpoints without one stay as they were
+        payload["shortlist"] = shortlist
     with atomic_write(path) as f:
         torch.save(payload, f)
 
@@ -140,13 +144,31 @@ def load_checkpoint(path: Path) -> Checkpoint:
     field("train_state", train_state is None or isinstance(train_state, dict), "not a mapping")
     for key in ("progress", "optimizer", "rng") if train_state is not None else ():
         field(f"train_state.{key}", isinstance(train_state.get(key), dict), "missing or not a mapping")
+    shortlist = payload.get("shortlist")
+    if shortlist is not None:
+        check_shortlist(shortlist, vocab_size, field)
     return Checkpoint(
         config=config,
         vocab_size=vocab_size,
         model_state=weights,
         subword_proto=proto,
         train_state=train_state,
+        shortlist=shortlist,
     )
+
+
+def check_shortlist(shortlist, vocab_size: int, field) -> None:
+    """The `shortlist` entry (nmt.shortlist): integer tensors frequent (F,) and table (vocab_size, K) of
+    target ids within the vocabulary."""
+    field("shortlist", isinstance(shortlist, dict), "not a mapping")
+    for key, dims in (("frequent", 1), ("table", 2)):
+        ids = shortlist.get(key)
+        ok = isinstance(ids, Tensor) and ids.dtype in (torch.int32, torch.int64) and ids.dim() == dims
+        field(f"shortlist.{key}", ok, f"missing or not a {dims}-dimensional integer tensor")
+        inside = ids.numel() == 0 or (int(ids.min()) >= 0 and int(ids.max()) < vocab_size)
+        field(f"shortlist.{key}", inside, f"holds ids outside the {vocab_size} subwords")
+    rows = shortlist["table"].shape[0]
+    field("shortlist.table", rows == vocab_size, f"{rows} rows, but vocab_size says {vocab_size}")
 
 
 def checkpoint_config(path: Path) -> dict:

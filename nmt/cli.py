@@ -190,6 +190,14 @@ EngineOpt = Annotated[
         help="torch, or ctranslate2 with --model a folder from nmt export --format ctranslate2.",
     ),
 ]
+ShortlistOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--shortlist",
+        help="Decode each sentence over the lexical shortlist the checkpoint carries (nmt shortlist): "
+        "faster; scores are then over the shortlist.",
+    ),
+]
 
 
 def _overrides(overrides: list[str] | None, init_from: Path | None) -> list[str]:
@@ -430,6 +438,7 @@ def translate(
         typer.Option("--interactive", help="Answer each line as soon as it is read (default on a terminal)."),
     ] = False,
     engine: EngineOpt = Engine.TORCH,
+    shortlist: ShortlistOpt = None,
 ) -> None:
     """Translate lines: exactly one output line for every input line, in order.
 
@@ -444,6 +453,7 @@ def translate(
     nmt translate -m model.pt -i mono.de --sampling --sampling-topk 10 --seed 1   # back-translation
     nmt translate -m model.pt -i in.en --prefix starts.de --no-repeat-ngram-size 3
     nmt translate --engine ctranslate2 -m ct2-en-de -i in.en --dtype int8
+    nmt translate -m student.pt -i in.en --beam 1 --dtype int8 --shortlist   # after nmt shortlist
     """
     from nmt.config import DecodeOverrides
     from nmt.translate import translate_stream
@@ -463,6 +473,7 @@ def translate(
         sampling_topp=sampling_topp,
         temperature=temperature,
         seed=seed,
+        shortlist=shortlist,
     )
     translate_stream(
         model,
@@ -526,6 +537,7 @@ def serve(
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = Precision.AUTO,
     engine: EngineOpt = Engine.TORCH,
+    shortlist: ShortlistOpt = None,
 ) -> None:
     """Serve a model over HTTP: LibreTranslate's /translate, /detect and /languages, OpenNMT-py's route,
     a page to try the model at /, and Prometheus metrics at /metrics.
@@ -552,9 +564,47 @@ def serve(
     )  # fmt: skip
     # The batch budget is a decode setting, under the server's name for it
     overrides = DecodeOverrides.given(
-        {"batch_tokens": "--max-batch-tokens"}, beam=beam, lenpen=lenpen, batch_tokens=max_batch_tokens
+        {"batch_tokens": "--max-batch-tokens"},
+        beam=beam,
+        lenpen=lenpen,
+        batch_tokens=max_batch_tokens,
+        shortlist=shortlist,
     )
     run_serve(model, host, port, settings, overrides, device, dtype, err, engine)
+
+
+@app.command(name="shortlist", cls=Command)
+def build_shortlist(
+    model: Annotated[Path, typer.Option("--model", "-m", help="Checkpoint the shortlist is for.")],
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="Checkpoint to write: the model with its shortlist.")
+    ],
+    data: Annotated[
+        Path | None,
+        typer.Option(help="Work directory of nmt preprocess, or its data/ folder: binarized training pairs."),
+    ] = None,
+    src: Annotated[Path | None, typer.Option(help="Training source text, one sentence a line.")] = None,
+    tgt: Annotated[Path | None, typer.Option(help="Training target text, line by line with --src.")] = None,
+    frequent: Annotated[int, typer.Option(help="The most frequent target subwords, always allowed.")] = 100,
+    per_source: Annotated[
+        int, typer.Option(help="The likeliest target subwords of each source subword (IBM Model 1).")
+    ] = 50,
+    iterations: Annotated[int, typer.Option(help="EM iterations of IBM Model 1.")] = 5,
+) -> None:
+    """Build a lexical shortlist from the training data (IBM Model 1 over subwords) into a checkpoint.
+
+    [bold]Examples[/]
+    nmt shortlist -m runs/multi30k-en-de/checkpoints/average.pt --data runs/multi30k-en-de -o model.pt
+    nmt shortlist -m student.pt --src train.en --tgt train.de --frequent 100 --per-source 50 -o student.pt
+    nmt translate -m model.pt -i in.en --shortlist
+    """
+    from nmt.shortlist import shortlist as run_shortlist
+
+    built = run_shortlist(model, output, data, src, tgt, frequent, per_source, iterations)
+    err.print(
+        f"wrote {output}: a shortlist of {len(built.frequent)} frequent subwords and up to "
+        f"{built.table.shape[1]} per source subword"
+    )
 
 
 @app.command(cls=Command)

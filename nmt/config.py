@@ -133,6 +133,7 @@ class DecodeConfig:
     sampling_topp: float = 1.0  # draw from the smallest set holding this much probability
     temperature: float = 1.0  # < 1 sharpens, > 1 flattens the distribution drawn from
     seed: int = 1  # the same seed, input and settings give the same samples
+    shortlist: bool = False  # decode each sentence over the checkpoint's lexical shortlist (nmt.shortlist)
 
 
 @dataclass(frozen=True)

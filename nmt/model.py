@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -229,6 +230,7 @@ class DecoderState:
     beam: int  # rows per sentence
     max_len: int  # positions the search may step through: the cache never grows beyond them
     length: int = 0  # target positions decoded so far
+    shortlist: Any = None  # nmt.shortlist.SentenceOutput: logits over a batch's shortlists; None: all of V
 
     @property
     def rows(self) -> int:
@@ -346,6 +348,8 @@ class Transformer(nn.Module):
             mem_k, mem_v = state.mem_kv[i]  # each (B, H, S, K)
             y = layer.step(y, state.self_kv[i][:, :n], t, mem_k, mem_v, state.src_bias, state.beam)
         state.length = t + 1
+        if state.shortlist is not None:  # (N, U): over the shortlists' union only (nmt.shortlist)
+            return state.shortlist.logits(self.decoder_norm(y[:, 0]), state.beam), state
         return self.output(y[:, 0]), state
 
     def reorder_beams(self, state: DecoderState, rows: Tensor) -> DecoderState:
@@ -363,6 +367,8 @@ class Transformer(nn.Module):
         sentences = rows[:: state.beam] // state.beam  # (B',)
         state.mem_kv = state.mem_kv.index_select(2, sentences)
         state.src_bias = state.src_bias.index_select(0, sentences)
+        if state.shortlist is not None:
+            state.shortlist = state.shortlist.select(sentences)
         return state
 
     def expand_beams(self, state: DecoderState, beam: int) -> DecoderState:

@@ -21,7 +21,7 @@ LAYERS = [
     ["nmt.subword", "nmt.score", "nmt.plot"],
     ["nmt.data", "nmt.model"],  # side by side
     ["nmt.checkpoint"],
-    ["nmt.formats", "nmt.untrained"],
+    ["nmt.formats", "nmt.untrained", "nmt.shortlist"],
     ["nmt.translate"],
     ["nmt.train", "nmt.serve"],
     ["nmt.pipeline"],

@@ -11,7 +11,9 @@ tokens. The output projection is the shared embedding matrix without a bias, as 
 The folder holds CTranslate2's files (model.bin, config.json, shared_vocabulary.json: SentencePiece
 pieces in id order) plus spm.model, the subword model, and nmt.json, the checkpoint's languages,
 positions and decode settings, so it is enough to translate with `nmt translate --engine ctranslate2 -m DIR`
-(nmt.translate.ctranslate2_engine).
+(nmt.translate.ctranslate2_engine). A checkpoint with a lexical shortlist (nmt.shortlist) also gets
+vmap.txt, CTranslate2's vocabulary map, which `translate_batch(..., use_vmap=True)` reads
+(`nmt translate --engine ctranslate2 --shortlist`).
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ from nmt.config import DecodeConfig
 from nmt.errors import CheckpointError, NmtError
 from nmt.formats import META_FILE
 from nmt.subword import Subword
-from nmt.tokens import BOS, EOS, UNK
+from nmt.tokens import BOS, EOS, PAD, UNK
 
 META_FORMAT = "nmt-ctranslate2"
+VMAP_FILE = "vmap.txt"  # the name CTranslate2's converters give the file of --vocab_mapping
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which nmt.model uses
 
 
@@ -59,6 +62,8 @@ def export_ctranslate2(model_path: Path, output: Path, force: bool = False) -> P
         except KeyError as e:
             raise CheckpointError(f"{model_path}: no weight {e} for CTranslate2's Transformer") from None
         (converted / "spm.model").write_bytes(ckpt.subword_proto)
+        if ckpt.shortlist is not None:
+            (converted / VMAP_FILE).write_text(vocabulary_map(ckpt.shortlist, pieces), encoding="utf-8")
         write_meta(converted / META_FILE, ckpt, source=Path(model_path))
     return output
 
@@ -66,6 +71,19 @@ def export_ctranslate2(model_path: Path, output: Path, force: bool = False) -> P
 def subword_pieces(proto: bytes) -> list[str]:
     """The subword pieces in id order: CTranslate2 takes and returns token strings, not ids."""
     return Subword(proto).pieces()
+
+
+def vocabulary_map(shortlist: dict, pieces: list[str]) -> str:
+    """A shortlist (a checkpoint's `shortlist` entry: frequent ids (F,), table (V, K), PAD-filled) as
+    CTranslate2's vocabulary map: lines `source n-gram<TAB>target tokens` (space-separated), the empty
+    source first for the tokens that are always candidates; then one line per source piece with any.
+    CTranslate2 adds UNK, BOS, EOS and PAD itself, and the target prefix, as nmt.shortlist does."""
+    lines = ["\t" + " ".join(pieces[i] for i in shortlist["frequent"].tolist())]
+    for source, row in enumerate(shortlist["table"].tolist()):
+        targets = [pieces[i] for i in row if i != PAD]
+        if targets and source not in (PAD, BOS, EOS, UNK):
+            lines.append(pieces[source] + "\t" + " ".join(targets))
+    return "".join(line + "\n" for line in lines)
 
 
 def write_meta(path: Path, ckpt: Checkpoint, source: Path) -> None:

@@ -8,6 +8,7 @@ translator (its decode settings and subword model with it), the language pair, a
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,9 +89,17 @@ def build_translator(
 
         model = Ensemble([m for m, _, _ in loaded])
     decode = overrides.apply(cfg.decode, command)
+    shortlist = None
+    if decode.shortlist and isinstance(models, LoadedModel):
+        # a model in memory (validation) has no checkpoint to carry one: it is judged on the whole vocabulary
+        decode = dataclasses.replace(decode, shortlist=False)
+    elif decode.shortlist:
+        from nmt.shortlist import load_shortlist
+
+        shortlist = load_shortlist(names[0])  # an ensemble shares the first model's vocabulary
     if precision is not None:
         model = inference_model(model, precision, torch_device)
-    translator = Translator(model, subword, decode, torch_device, console)
+    translator = Translator(model, subword, decode, torch_device, console, shortlist)
     languages = cfg.data.src_lang, cfg.data.tgt_lang
     return BuiltTranslator(translator, *languages, torch_device, precision_of(model))
 

@@ -33,7 +33,7 @@ import torch
 
 from nmt.config import DecodeConfig, Engine, Precision
 from nmt.errors import NmtError
-from nmt.formats.ctranslate2 import import_ctranslate2, read_meta
+from nmt.formats.ctranslate2 import VMAP_FILE, import_ctranslate2, read_meta
 from nmt.tokens import BOS, EOS, PAD
 from nmt.translate.search import Hypothesis, length_penalty, output_limits
 
@@ -89,6 +89,11 @@ class CT2Engine:
             ct2.set_random_seed(decode.seed)
         self.pieces: list[str] = json.loads((model_dir / "shared_vocabulary.json").read_text("utf-8"))
         self.ids = {piece: i for i, piece in enumerate(self.pieces)}
+        if decode.shortlist and not (model_dir / VMAP_FILE).is_file():
+            raise NmtError(
+                f"{model_dir}: carries no shortlist ({VMAP_FILE}); export a checkpoint that has one "
+                "(nmt shortlist)"
+            )
         kind, _, index = device.partition(":")
         try:
             self.engine = ct2.Translator(
@@ -141,6 +146,7 @@ class CT2Engine:
             suppress_sequences=[[self.pieces[PAD]], [self.pieces[BOS]]],
             return_scores=True,
             return_end_token=True,
+            use_vmap=d.shortlist,  # CTranslate2 decodes a batch over the union of its sentences' sets
         )
         out = []
         for limit, result in zip(limits, results, strict=True):

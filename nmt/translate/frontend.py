@@ -200,7 +200,13 @@ class Translator(LineTranslator):
     """Lines through the PyTorch engine: a model (or an Ensemble) and its subwords."""
 
     def __init__(
-        self, model, subword, decode: DecodeConfig, device: torch.device, console: Console | None = None
+        self,
+        model,
+        subword,
+        decode: DecodeConfig,
+        device: torch.device,
+        console: Console | None = None,
+        shortlist=None,
     ):
-        super().__init__(TorchEngine(model, decode, device), subword, console)
+        super().__init__(TorchEngine(model, decode, device, shortlist), subword, console)
         self.model = model

@@ -122,6 +122,8 @@ def translate_stream(
         stdout()  # a closed standard output is one line now, not after the model has loaded
     built = build_translator(model_path, overrides, device, dtype, engine, console)
     translator, decode = built.translator, built.decode
+    if decode.shortlist and (scored or decode.nbest > 1):
+        console.print("scores are log-probabilities over each sentence's shortlist, not the whole vocabulary")
     source = open_input(input)
     prefixes = open_input(prefix) if prefix is not None else None
     interactive = interactive or (input is None and sys.stdin.isatty())

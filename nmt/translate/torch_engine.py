@@ -38,8 +38,9 @@ class TorchEngine:
 
     name = Engine.TORCH
 
-    def __init__(self, model, decode: DecodeConfig, device: torch.device):
+    def __init__(self, model, decode: DecodeConfig, device: torch.device, shortlist=None):
         self.model, self.decode, self.device = model, decode, torch.device(device)
+        self.shortlist = shortlist  # nmt.shortlist.Shortlist: each sentence decodes over its own set
         self.max_positions = model.max_positions
         self.generator = None
         if decode.sampling:  # one stream for the whole run: the same seed gives the same output
@@ -61,19 +62,32 @@ class TorchEngine:
                     return self.sample(src, prefix, n)
                 if d.beam == 1:
                     return [[h] for h in self.greedy(src, prefix)]
-                return beam_search(
-                    model, src, d.beam, d.lenpen, d.max_len_a, d.max_len_b, n,
+                decoder, prefix, restore = self.decoder(src, prefix)
+                return restore(beam_search(
+                    decoder, src, d.beam, d.lenpen, d.max_len_a, d.max_len_b, n,
                     min_len=d.min_len, no_repeat_ngram=d.no_repeat_ngram_size, prefix=prefix,
-                )  # fmt: skip
+                ))  # fmt: skip
         finally:
             model.train(was_training)
 
     def greedy(self, src: Tensor, prefix: Tensor | None, sampler: Sampler | None = None) -> list[Hypothesis]:
         d = self.decode
-        return greedy_search(
-            self.model, src, d.max_len_a, d.max_len_b, d.lenpen,
+        decoder, prefix, restore = self.decoder(src, prefix)
+        return restore(greedy_search(
+            decoder, src, d.max_len_a, d.max_len_b, d.lenpen,
             min_len=d.min_len, no_repeat_ngram=d.no_repeat_ngram_size, prefix=prefix, sampler=sampler,
-        )  # fmt: skip
+        ))  # fmt: skip
+
+    def decoder(self, src: Tensor, prefix: Tensor | None):
+        """What the search decodes with: the model, its prefix, and what turns the hypotheses into
+        vocabulary ids. With a shortlist, each sentence decodes over its own set (which holds its prefix),
+        the search in the numbering of the batch's union (nmt.shortlist.ShortlistDecoder)."""
+        if self.shortlist is None:
+            return self.model, prefix, lambda found: found
+        from nmt.shortlist import ShortlistDecoder
+
+        decoder = ShortlistDecoder(self.model, self.shortlist, src, prefix)
+        return decoder, decoder.to_union(prefix), decoder.from_union
 
     def sample(self, src: Tensor, prefix: Tensor | None, n: int) -> list[list[Hypothesis]]:
         """`n` drawn translations of each source, best score first."""

@@ -1,0 +1,342 @@
+"""Lexical shortlists (`nmt shortlist`, `nmt translate --shortlist`): each sentence decodes over a small
+set of target subwords instead of the whole vocabulary, as Marian and Bergamot students do.
+
+Building. IBM Model 1 (Brown et al., 1993) over subword ids, in torch: t(f | e), the probability that
+source piece e (or NULL) translates as target piece f, by EM on the training pairs. Every target token of
+a pair is aligned to one of its sentence's source tokens or NULL with posterior
+    a(i | j) = t(f_j | e_i) / sum_i' t(f_j | e_i'),
+the expected counts c(e, f) = sum a(i | j) over every (i, j) with e_i = e, f_j = f are summed over the
+corpus, and t(f | e) = c(e, f) / sum_f' c(e, f'). Only pairs (e, f) that co-occur in some sentence pair
+can get mass, so t lives on those keys alone (a sorted tensor of e * V + f), not on a V x V table; each
+chunk of sentences is one batch of index_add_ calls. The shortlist is then the `frequent` most frequent
+target pieces of the training data plus the `per_source` likeliest pieces t(. | e) of every source
+piece e (Bergamot's students use 100 and 50).
+
+Storing. Two int32 tensors, the frequent ids (F,) and the table (V, K) of each source piece's best
+target ids (PAD where it has fewer), travel in the checkpoint's `shortlist` entry: tensors, so
+`torch.load(weights_only=True)` reads them.
+
+Decoding. A sentence's set is the frequent pieces, the table rows of its source pieces, EOS and UNK, and
+the ids the caller adds (prefix tokens, glossary tokens): `Shortlist.members`. A batch decodes over the
+union of its sentences' sets, U ids, renumbered 0..U-1 (`ShortlistDecoder`), so that the output
+projection, log-softmax and top-k of every step cover U columns, not V. The projection's rows (and the
+output bias) of the union are gathered once per batch, (U, D): one shared matrix, not one per sentence,
+which would read B times the weights at every step (slower than the whole vocabulary at greedy batches
+of hundreds). Each sentence's bias is -inf on the union's ids outside its own set, so its log-softmax
+normalizes over its own set and its output does not depend on the other sentences of its batch
+(CTranslate2 and Marian decode over the union itself). Scores are log-probabilities over the shortlist.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from nmt.checkpoint import load_checkpoint, save_checkpoint
+from nmt.errors import DataError, NmtError
+from nmt.tokens import BOS, EOS, PAD, UNK
+
+FREQUENT = 100  # the most frequent target pieces, always in the set
+PER_SOURCE = 50  # the likeliest target pieces of each source piece
+ITERATIONS = 5  # EM iterations of IBM Model 1
+CHUNK_TOKENS = 1 << 22  # (source + NULL) x target token pairs handled at once: ~100 MB of index tensors
+
+
+@dataclass(frozen=True)
+class Shortlist:
+    """The frequent target ids (F,) and each source id's best target ids (V, K), PAD-filled; int64."""
+
+    frequent: Tensor
+    table: Tensor
+
+    @property
+    def vocab_size(self) -> int:
+        return self.table.shape[0]
+
+    def payload(self) -> dict[str, Tensor]:
+        """What the checkpoint's `shortlist` entry holds (int32: a WMT table of 37000 x 50 is 7 MB)."""
+        return {"frequent": self.frequent.to(torch.int32), "table": self.table.to(torch.int32)}
+
+    @classmethod
+    def from_payload(cls, payload: dict[str, Tensor]) -> Shortlist:
+        return cls(payload["frequent"].long(), payload["table"].long())
+
+    def members(self, src: Tensor, extra: Tensor | None = None) -> Tensor:
+        """Each sentence's target set as a mask: (B, S) source ids (PAD-padded), (B, E) ids to add
+        (PAD-filled) or None -> (B, V) bool."""
+        b, v = src.shape[0], self.vocab_size
+        member = torch.zeros(b, v, dtype=torch.bool, device=src.device)  # (B, V)
+        member[:, self.frequent.to(src.device)] = True
+        member[:, [EOS, UNK]] = True
+        member.scatter_(1, self.table.to(src.device)[src].view(b, -1), True)  # table[PAD] is all PAD
+        if extra is not None:
+            member.scatter_(1, extra, True)
+        member[:, [PAD, BOS]] = False  # never emitted (nmt.translate.search)
+        return member
+
+    def sentence_ids(self, src: Tensor, extra: Tensor | None = None) -> Tensor:
+        """Each sentence's set as ascending ids padded with PAD to the largest set: -> (B, M)."""
+        member = self.members(src, extra)
+        rows, cols = member.nonzero(as_tuple=True)  # row-major: each row's ids ascending
+        sizes = member.sum(1)  # (B,)
+        starts = torch.cumsum(sizes, 0) - sizes  # (B,)
+        ids = torch.full((len(member), int(sizes.max())), PAD, dtype=torch.long, device=src.device)  # (B, M)
+        ids[rows, torch.arange(len(rows), device=src.device) - starts[rows]] = cols
+        return ids
+
+
+@dataclass
+class SentenceOutput:
+    """The output projection restricted to the union of a batch's sets, each sentence masked to its own."""
+
+    weight: Tensor  # (U, D) the projection's rows of the union's ids
+    bias: Tensor  # (B, 1, U) the output bias (0 without one) on each sentence's own ids, -inf elsewhere
+
+    @classmethod
+    def gather(cls, sets: Tensor, ids: Tensor, weight: Tensor, bias: Tensor | None) -> SentenceOutput:
+        """`sets` (B, V) from Shortlist.members, `ids` (U,) their union; `weight` (V, D) and `bias` (V,) or
+        None: a model's."""
+        own = bias[ids] if bias is not None else torch.zeros(ids.shape, dtype=weight.dtype, device=ids.device)
+        masked = torch.where(sets[:, ids], own, -math.inf).to(weight.dtype)[:, None, :]  # (B, 1, U)
+        return cls(weight[ids], masked)
+
+    def logits(self, y: Tensor, beam: int) -> Tensor:
+        """Hidden states y (B*beam, D), sentence-major -> logits over the union (B*beam, U), -inf outside
+        each sentence's set."""
+        b, u = self.bias.shape[0], self.weight.shape[0]
+        scores = F.linear(y.to(self.weight.dtype), self.weight).view(b, beam, u) + self.bias  # (B, beam, U)
+        return scores.view(b * beam, u)
+
+    def select(self, sentences: Tensor) -> SentenceOutput:
+        """Only the sentences `sentences` (B',), in that order (finished ones leave the batch)."""
+        return SentenceOutput(self.weight, self.bias.index_select(0, sentences))
+
+
+class ShortlistDecoder:
+    """A model (or an Ensemble) decoding the sources `src` over their shortlists: search's decoder contract
+    (nmt.translate.search.Decoder) in the union's own numbering, where token i is vocabulary id ids[i].
+
+    The search then works on U columns, not V: the projection, log-softmax and top-k of every step. The
+    reserved ids (PAD, UNK, BOS, EOS: the lowest) are always in the union, so they keep their numbers and
+    the search's masks and EOS test hold as they are. `extra` (B, E), PAD-filled, adds ids to each source's
+    set: the engine passes forced prefixes (`to_union` renumbers them) and glossary tokens would go the same
+    way; `from_union` turns the search's hypotheses back into vocabulary ids.
+    """
+
+    def __init__(self, model, shortlist: Shortlist, src: Tensor, extra: Tensor | None = None):
+        if shortlist.vocab_size != model.vocab_size:
+            raise NmtError(
+                f"the shortlist is for {shortlist.vocab_size} subwords, the model has {model.vocab_size}"
+            )
+        self.model, self.max_positions = model, model.max_positions
+        self.sets = shortlist.members(src, extra)  # (B, V)
+        union = self.sets.any(0)
+        union[: max(PAD, UNK, BOS, EOS) + 1] = True
+        self.ids = union.nonzero().squeeze(1)  # (U,) ascending: ids[i] = i for the reserved ones
+        self.vocab_size = len(self.ids)
+        self.index = torch.zeros(model.vocab_size, dtype=torch.long, device=src.device)  # (V,) id -> i
+        self.index[self.ids] = torch.arange(self.vocab_size, device=src.device)
+
+    def to_union(self, tokens: Tensor | None) -> Tensor | None:
+        return None if tokens is None else self.index[tokens]
+
+    def from_union(self, found: list) -> list:
+        """The search's hypotheses (a list, or a list of n-best lists) with vocabulary ids."""
+        ids = self.ids.tolist()
+        return [
+            self.from_union(h)
+            if isinstance(h, list)
+            else dataclasses.replace(h, tokens=[ids[t] for t in h.tokens])
+            for h in found
+        ]
+
+    def encode(self, src: Tensor):
+        return self.model.encode(src)
+
+    def init_state(self, memory, src_keep, max_len: int, beam: int = 1):
+        state = self.model.init_state(memory, src_keep, max_len, beam)
+        models = getattr(self.model, "members", [self.model])  # an Ensemble's, each with its own state
+        for model, model_state in zip(models, state if isinstance(state, list) else [state], strict=True):
+            model_state.shortlist = SentenceOutput.gather(
+                self.sets, self.ids, model.output_weight, model.output_bias
+            )
+        return state
+
+    def step(self, tokens: Tensor, state):
+        return self.model.step(self.ids[tokens], state)  # (N,) union numbers -> vocabulary ids
+
+    def reorder_beams(self, state, rows: Tensor):
+        return self.model.reorder_beams(state, rows)
+
+    def select_rows(self, state, rows: Tensor):
+        return self.model.select_rows(state, rows)
+
+
+# ---- building -------------------------------------------------------------------------------------------
+
+
+def ibm_model1(
+    pairs: Sequence[tuple[Tensor, Tensor]], vocab: int, iterations: int = ITERATIONS
+) -> tuple[Tensor, Tensor]:
+    """t(f | e) of IBM Model 1 by EM (module docstring) over (source ids, target ids) pairs of int64
+    tensors, ids < vocab; source id `vocab` is NULL. Returns the co-occurring keys e * (vocab + 1) + f,
+    sorted (U,), and t on them (U,), float64."""
+    width = vocab + 1
+    chunks = [_chunk_pairs(batch, vocab, width) for batch in _batches(pairs)]
+    keys = torch.unique(torch.cat([torch.unique(key) for key, _ in chunks])) if chunks else torch.zeros(0)
+    chunks = [(torch.searchsorted(keys, key), tgt_of) for key, tgt_of in chunks]  # key -> its index in keys
+    source_of = keys // width  # (U,) e of each key
+    t = torch.ones(len(keys), dtype=torch.float64)  # uniform: the first E-step counts co-occurrences
+    for _ in range(iterations):
+        counts = torch.zeros(len(keys), dtype=torch.float64)
+        for index, tgt_of in chunks:
+            w = t[index]  # (I,) t(f_j | e_i) of every (i, j) of the chunk
+            norm = torch.zeros(int(tgt_of[-1]) + 1, dtype=torch.float64).index_add_(0, tgt_of, w)  # (J,)
+            counts.index_add_(0, index, w / norm[tgt_of])  # a(i | j)
+        totals = torch.zeros(width, dtype=torch.float64).index_add_(0, source_of, counts)  # (V+1,)
+        t = counts / totals[source_of]
+    return keys, t
+
+
+def _batches(pairs: Sequence[tuple[Tensor, Tensor]]) -> Iterator[list[tuple[Tensor, Tensor]]]:
+    """The pairs in runs of at most CHUNK_TOKENS (source + NULL) x target token pairs (at least one pair)."""
+    batch, size = [], 0
+    for src, tgt in pairs:
+        cost = (len(src) + 1) * len(tgt)
+        if batch and size + cost > CHUNK_TOKENS:
+            yield batch
+            batch, size = [], 0
+        batch.append((src, tgt))
+        size += cost
+    if batch:
+        yield batch
+
+
+def _chunk_pairs(batch: list[tuple[Tensor, Tensor]], null: int, width: int) -> tuple[Tensor, Tensor]:
+    """Every (source-or-NULL token, target token) of the batch's sentences: its key e * width + f and
+    the target token (numbered across the batch) it belongs to, each (I,)."""
+    src = [torch.cat([torch.tensor([null]), s]) for s, _ in batch]  # NULL first
+    src_lens = torch.tensor([len(s) for s in src])  # (N,)
+    tgt_lens = torch.tensor([len(t) for _, t in batch])  # (N,)
+    src_flat, tgt_flat = torch.cat(src), torch.cat([t for _, t in batch])  # (Ns,), (Nt,)
+    src_starts = torch.cumsum(src_lens, 0) - src_lens  # (N,)
+    sentence_of_tgt = torch.repeat_interleave(torch.arange(len(batch)), tgt_lens)  # (Nt,)
+    per_tgt = src_lens[sentence_of_tgt]  # (Nt,) source tokens each target token may align to
+    tgt_of = torch.repeat_interleave(torch.arange(len(tgt_flat)), per_tgt)  # (I,)
+    first = torch.cumsum(per_tgt, 0) - per_tgt  # (Nt,)
+    position = torch.arange(len(tgt_of)) - first[tgt_of]  # (I,) i within the sentence
+    e = src_flat[src_starts[sentence_of_tgt[tgt_of]] + position]  # (I,)
+    return e * width + tgt_flat[tgt_of], tgt_of
+
+
+def build_shortlist(
+    pairs: Sequence[tuple[Tensor, Tensor]],
+    vocab: int,
+    frequent: int = FREQUENT,
+    per_source: int = PER_SOURCE,
+    iterations: int = ITERATIONS,
+) -> Shortlist:
+    """The `frequent` most frequent target ids and, per source id, the `per_source` likeliest target ids
+    under IBM Model 1's t(f | e); ties go to the lower id."""
+    if frequent < 0 or per_source < 1 or iterations < 1:
+        raise NmtError("--frequent must be 0 or more, --per-source and --iterations 1 or more")
+    counts = torch.zeros(vocab, dtype=torch.long)
+    for _, tgt in pairs:
+        counts.index_add_(0, tgt, torch.ones_like(tgt))
+    counts[[PAD, BOS, EOS, UNK]] = -1  # EOS and UNK are always in the set; PAD and BOS never
+    frequent_ids = torch.sort(torch.topk(counts, min(frequent, vocab)).indices).values
+    frequent_ids = frequent_ids[counts[frequent_ids] > 0]
+
+    keys, t = ibm_model1(pairs, vocab, iterations)
+    width = vocab + 1
+    e, f = keys // width, keys % width
+    keep = (e < vocab) & (f != PAD) & (f != BOS)  # NULL's row is not a source piece
+    e, f, t = e[keep], f[keep], t[keep]
+    order = torch.argsort(-t, stable=True)  # likeliest first; keys are sorted, so ties by lower f
+    order = order[torch.argsort(e[order], stable=True)]  # grouped by e, each group likeliest first
+    e, f = e[order], f[order]
+    group_start = torch.searchsorted(e, e)  # (U,) first position of each one's e
+    rank = torch.arange(len(e)) - group_start
+    best = rank < per_source
+    table = torch.full((vocab, per_source), PAD, dtype=torch.long)
+    table[e[best], rank[best]] = f[best]
+    return Shortlist(frequent_ids, table)
+
+
+def training_pairs(data: Path | None = None, src: Path | None = None, tgt: Path | None = None, subword=None):
+    """The training pairs as id tensors: a binarized split (a work directory, its data/ folder, or a
+    split's prefix) or two text files encoded with `subword`."""
+    if data is not None:
+        from nmt.data.binarized import ParallelData
+
+        data = Path(data)
+        candidates = [data / "data" / "train", data / "train", data]
+        prefix = next((p for p in candidates if Path(f"{p}.src.idx").is_file()), None)
+        if prefix is None:
+            raise DataError(f"{data}: no binarized training data (data/train.src.idx); run nmt preprocess")
+        split = ParallelData(prefix)
+        return [(split.src(i), split.tgt(i)) for i in range(len(split))]
+    if src is None or tgt is None:
+        raise NmtError("give the training data: --data WORKDIR, or --src FILE and --tgt FILE")
+    lines = []
+    for path in (src, tgt):
+        try:
+            raw = Path(path).read_bytes()
+            raw = gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw  # the corpora's own .gz files
+            lines.append(raw.decode("utf-8", errors="replace").splitlines())
+        except (OSError, EOFError) as e:
+            raise DataError(f"{path}: cannot read: {e.strerror or e}") from None
+    if len(lines[0]) != len(lines[1]):
+        raise DataError(f"{src} has {len(lines[0])} lines but {tgt} has {len(lines[1])}")
+    src_ids, tgt_ids = subword.encode(lines[0]), subword.encode_target(lines[1])
+    return [(torch.tensor(s), torch.tensor(t)) for s, t in zip(src_ids, tgt_ids, strict=True)]
+
+
+def shortlist(
+    model: Path,
+    output: Path,
+    data: Path | None = None,
+    src: Path | None = None,
+    tgt: Path | None = None,
+    frequent: int = FREQUENT,
+    per_source: int = PER_SOURCE,
+    iterations: int = ITERATIONS,
+) -> Shortlist:
+    """`nmt shortlist`: build a shortlist from the training data and write `model` with it as `output`
+    (atomically; `output` may be `model`). Returns the shortlist."""
+    from nmt.subword import Subword
+
+    ckpt = load_checkpoint(Path(model))
+    pairs = training_pairs(data, src, tgt, Subword(ckpt.subword_proto))
+    if not pairs:
+        raise DataError("no training pairs to build a shortlist from")
+    for s, t in pairs[:1000]:
+        if (s.numel() and int(s.max()) >= ckpt.vocab_size) or (t.numel() and int(t.max()) >= ckpt.vocab_size):
+            raise DataError(f"the training data has ids beyond the {ckpt.vocab_size} subwords of {model}")
+    built = build_shortlist(pairs, ckpt.vocab_size, frequent, per_source, iterations)
+    save_checkpoint(
+        Path(output),
+        model_state=ckpt.model_state,
+        config=ckpt.config,
+        subword_proto=ckpt.subword_proto,
+        vocab_size=ckpt.vocab_size,
+        train_state=ckpt.train_state,
+        shortlist=built.payload(),
+    )
+    return built
+
+
+def load_shortlist(path: Path) -> Shortlist:
+    """The shortlist a checkpoint carries; one line naming the file where it carries none."""
+    ckpt = load_checkpoint(Path(path))
+    if ckpt.shortlist is None:
+        raise NmtError(f"{path}: carries no shortlist; build one with `nmt shortlist -m {path} ...`")
+    return Shortlist.from_payload(ckpt.shortlist)

@@ -1,0 +1,206 @@
+"""Lexical shortlists: IBM Model 1 learns the word pairs, `nmt shortlist` stores them in the checkpoint,
+and decoding over each sentence's own set changes nothing it should not (nmt.shortlist)."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from importlib.util import find_spec
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from nmt.checkpoint import load_checkpoint, load_model
+from nmt.cli import app
+from nmt.shortlist import Shortlist, build_shortlist, load_shortlist
+from nmt.tokens import BOS, EOS, PAD, UNK
+from nmt.translate import Translator, ctranslate2_translator
+
+# numerics: trains or compares numbers, so `make test` runs it again with the AVX2 kernels forced
+pytestmark = [pytest.mark.numerics, pytest.mark.usefixtures("one_torch_thread")]
+runner = CliRunner()
+
+
+def cipher_pairs(
+    vocab: int, n: int, seed: int = 0
+) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list[int]]:
+    """A word-substitution cipher: each target sentence is its source's words replaced through a fixed
+    permutation and shuffled, so only co-occurrence statistics say which word is which. Word 4 is in
+    every sentence twice: counting co-occurrences alone pairs every word
+    with the cipher of word 4, EM does not."""
+    rng = random.Random(seed)
+    words = list(range(4, vocab))
+    image = words[:]
+    rng.shuffle(image)
+    perm = list(range(4)) + image  # perm[e] = f
+    pairs = []
+    for _ in range(n):
+        src = [4, 4] + [rng.choice(words[1:]) for _ in range(rng.randint(2, 6))]
+        tgt = [perm[e] for e in src]
+        rng.shuffle(tgt)
+        pairs.append((torch.tensor(src), torch.tensor(tgt)))
+    return pairs, perm
+
+
+def test_ibm_model1_learns_a_substitution_cipher():
+    pairs, perm = cipher_pairs(vocab=40, n=600)
+    built = build_shortlist(pairs, 40, frequent=5, per_source=2, iterations=5)
+    assert built.table.shape == (40, 2)
+    assert built.table[4:, 0].tolist() == perm[4:]  # every word's likeliest translation is its cipher
+    assert len(built.frequent) == 5 and not set(built.frequent.tolist()) & {PAD, BOS, EOS, UNK}
+    once = build_shortlist(pairs, 40, frequent=5, per_source=2, iterations=1)  # plain co-occurrence
+    assert (once.table[5:, 0] == perm[4]).all(), "counting pairs every word with the frequent one"
+
+
+def test_a_sentence_set_holds_its_sources_pieces_eos_unk_and_the_added_ids():
+    table = torch.full((12, 2), PAD)
+    table[5] = torch.tensor([7, 8])
+    table[6] = torch.tensor([9, PAD])
+    shortlist = Shortlist(frequent=torch.tensor([10]), table=table)
+    src = torch.tensor([[5, 6, PAD], [6, PAD, PAD]])  # (B, S)
+    extra = torch.tensor([[PAD], [11]])  # a prefix token for the second sentence only
+    ids = shortlist.sentence_ids(src, extra)
+    assert ids.tolist() == [sorted([EOS, UNK, 7, 8, 9, 10]), [*sorted([EOS, UNK, 9, 10, 11]), PAD]]
+
+
+@pytest.fixture(scope="module")
+def shortlisted(synthetic_run: Path, tmp_path_factory) -> dict[str, Path]:
+    """The reversal model with two shortlists built by `nmt shortlist`: one holding every subword, and
+    the tightest one (no frequent pieces, one per source piece: each sentence's own words)."""
+    out = tmp_path_factory.mktemp("shortlist")
+    model = synthetic_run / "checkpoints" / "best.pt"
+    paths = {}
+    for name, options in (
+        ("whole", ["--frequent", "100"]),
+        ("tight", ["--frequent", "0", "--per-source", "1"]),
+    ):
+        paths[name] = out / f"{name}.pt"
+        args = ["shortlist", "-m", str(model), "--data", str(synthetic_run), "-o", str(paths[name]), *options]
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.output
+    return paths
+
+
+def translate(model: Path, source: Path, *options: str) -> list[str]:
+    result = runner.invoke(
+        app, ["translate", "-m", str(model), "-i", str(source), "--device", "cpu", *options]
+    )
+    assert result.exit_code == 0, result.output
+    return result.stdout.split("\n")[:-1]
+
+
+def test_the_shortlist_travels_in_the_checkpoint_and_loads_safely(shortlisted: dict[str, Path]):
+    payload = torch.load(shortlisted["tight"], weights_only=True)["shortlist"]
+    assert payload["table"].dtype == torch.int32 and payload["table"].shape[1] == 1
+    tight = load_shortlist(shortlisted["tight"])
+    letters = range(4, tight.vocab_size)
+    assert tight.table[list(letters), 0].tolist() == list(letters)  # reversal: every word is its own pair
+    assert len(load_shortlist(shortlisted["whole"]).frequent) == tight.vocab_size - 4
+
+
+def test_a_shortlist_of_the_whole_vocabulary_changes_no_byte(
+    shortlisted: dict[str, Path], synthetic_run: Path
+):
+    source = synthetic_run / "data" / "valid.xx"
+    model = synthetic_run / "checkpoints" / "best.pt"
+    for beam in ("1", "4"):
+        assert translate(shortlisted["whole"], source, "--beam", beam, "--shortlist") == translate(
+            model, source, "--beam", beam
+        )
+
+
+def test_greedy_output_is_unchanged_where_every_token_lies_in_the_set(
+    shortlisted: dict[str, Path], synthetic_run: Path
+):
+    source = synthetic_run / "data" / "valid.xx"
+    lines = source.read_text().splitlines()
+    full = translate(synthetic_run / "checkpoints" / "best.pt", source, "--beam", "1")
+    tight = translate(shortlisted["tight"], source, "--beam", "1", "--shortlist")
+    inside = [
+        i
+        for i, (src, out) in enumerate(zip(lines, full, strict=True))
+        if set(out.split()) <= set(src.split())
+    ]
+    assert len(inside) >= 90  # the model reverses: its words are the source's
+    assert [tight[i] for i in inside] == [full[i] for i in inside]
+    assert all(set(out.split()) <= set(src.split()) for src, out in zip(lines, tight, strict=True))
+
+
+def test_a_sentence_decodes_the_same_alone_and_in_any_batch(
+    shortlisted: dict[str, Path], synthetic_run: Path
+):
+    model, subword, cfg = load_model(shortlisted["tight"])
+    shortlist = load_shortlist(shortlisted["tight"])
+    lines = (synthetic_run / "data" / "valid.xx").read_text().splitlines()[:12]
+    lines[3] = "a b c d e f g h i j k l m n o p"  # a long set beside short ones pads them
+    for beam in (1, 3):
+        d = dataclasses.replace(cfg.decode, beam=beam, nbest=beam, shortlist=True)
+        translator = Translator(model, subword, d, torch.device("cpu"), shortlist=shortlist)
+        together = translator.translate_nbest(lines)
+        alone = [translator.translate_nbest([line])[0] for line in lines]
+        reversed_batch = translator.translate_nbest(lines[::-1])[::-1]
+        texts = [[[text for text, _ in nbest] for nbest in run] for run in (together, alone, reversed_batch)]
+        assert texts[0] == texts[1] == texts[2]
+        # the scores only as closely as float32 products of other shapes round alike
+        scores = [torch.tensor([score for nbest in run for _, score in nbest]) for run in (together, alone)]
+        torch.testing.assert_close(scores[0], scores[1], rtol=1e-5, atol=1e-5)
+
+
+def test_shortlist_without_one_in_the_checkpoint_is_one_line(synthetic_run: Path):
+    source = synthetic_run / "data" / "valid.xx"
+    model = synthetic_run / "checkpoints" / "best.pt"
+    result = runner.invoke(app, ["translate", "-m", str(model), "-i", str(source), "--shortlist"])
+    assert result.exit_code == 2
+    assert "carries no shortlist" in result.output and "Traceback" not in result.output
+
+
+def test_serve_with_shortlist_refuses_a_checkpoint_without_one_before_listening(synthetic_run: Path):
+    model = synthetic_run / "checkpoints" / "best.pt"
+    result = runner.invoke(app, ["serve", "-m", str(model), "--shortlist", "--port", "0", "--device", "cpu"])
+    assert result.exit_code == 2
+    assert "carries no shortlist" in result.output and "Traceback" not in result.output
+
+
+def test_serve_with_shortlist_answers_over_each_sentences_set(shortlisted: dict[str, Path]):
+    from .test_serve import Server, libre  # skips without the serve extra
+
+    server = Server(shortlisted["tight"], "--shortlist", "--device", "cpu")
+    try:
+        assert server.request("/translate", libre(["a b c", "p o"])) == (
+            200,
+            {"translatedText": ["c b a", "o p"]},
+        )
+    finally:
+        assert server.stop() == 0
+
+
+def test_nbest_scores_say_they_are_over_the_shortlist(shortlisted: dict[str, Path], synthetic_run: Path):
+    source = synthetic_run / "data" / "valid.xx"
+    args = ["translate", "-m", str(shortlisted["tight"]), "-i", str(source), "--shortlist", "--nbest", "2"]
+    result = runner.invoke(app, [*args, "--beam", "2", "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    assert "over each sentence's shortlist" in result.stderr
+
+
+@pytest.mark.skipif(find_spec("ctranslate2") is None, reason="ctranslate2 is not installed")
+def test_the_ctranslate2_export_carries_the_shortlist_as_its_vocabulary_map(
+    shortlisted: dict[str, Path], synthetic_run: Path, tmp_path: Path
+):
+    out = tmp_path / "ct2"
+    result = runner.invoke(
+        app, ["export", "-m", str(shortlisted["tight"]), "--format", "ctranslate2", "-o", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    vmap = (out / "vmap.txt").read_text(encoding="utf-8").splitlines()
+    assert vmap[0] == "\t"  # no frequent pieces: the always-allowed line is empty
+    assert all(source == target for source, target in (line.split("\t") for line in vmap[1:]))  # reversal
+    model, subword, cfg = load_model(shortlisted["tight"])
+    lines = (synthetic_run / "data" / "valid.xx").read_text().splitlines()[:20]
+    d = dataclasses.replace(cfg.decode, beam=1, shortlist=True)
+    ours = Translator(model, subword, d, torch.device("cpu"), shortlist=load_shortlist(shortlisted["tight"]))
+    theirs = ctranslate2_translator(out, d, threads=1)
+    # one sentence a call: CTranslate2 decodes a batch over the union of its sentences' sets
+    assert [theirs.translate([line])[0] for line in lines] == ours.translate(lines)
+    assert load_checkpoint(shortlisted["tight"]).shortlist is not None
