@@ -408,6 +408,16 @@ def translate(
             "continues its own."
         ),
     ] = None,
+    glossary: Annotated[
+        Path | None,
+        typer.Option(
+            help="TSV file of `source term<TAB>target term` lines: each term found in a line (whole words, "
+            "any case) comes out as its target, exactly once; a target equal to its source is kept as it is."
+        ),
+    ] = None,
+    avoid: Annotated[
+        Path | None, typer.Option(help="File of target phrases, one a line, never to be produced.")
+    ] = None,
     sampling: Annotated[
         bool | None,
         typer.Option("--sampling", help="Draw each token instead of searching (back-translation)."),
@@ -442,6 +452,7 @@ def translate(
     nmt translate -m a.pt -m b.pt -i in.en   # ensemble of two models
     nmt translate -m model.pt -i mono.de --sampling --sampling-topk 10 --seed 1   # back-translation
     nmt translate -m model.pt -i in.en --prefix starts.de --no-repeat-ngram-size 3
+    nmt translate -m model.pt -i in.en --glossary terms.tsv --avoid banned.de
     nmt translate --engine ctranslate2 -m ct2-en-de -i in.en --dtype int8
     """
     from nmt.config import DecodeOverrides
@@ -475,6 +486,8 @@ def translate(
         engine=engine,
         prefix=prefix,
         scored=nbest is not None,
+        glossary=glossary,
+        avoid=avoid,
     )
 
 

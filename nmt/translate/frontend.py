@@ -98,6 +98,7 @@ class LineTranslator:
         # minutes and gigabytes to encode whole): no subword is longer than MAX_PIECE_CHARS, so the cut
         # keeps every character the model's max_source subwords can hold.
         self.max_chars = self.max_source * MAX_PIECE_CHARS
+        self.terminology = None  # nmt.translate.terminology.Terminology: a glossary, an avoid list
 
     @property
     def decode(self) -> DecodeConfig:
@@ -121,7 +122,8 @@ class LineTranslator:
             keys = [i for i in sources if prefixes[i].strip()]
             for i, ids in zip(keys, self.subword.encode_target([prefixes[i] for i in keys]), strict=True):
                 forced[i] = ids[: self.max_source]
-        return self.search_sources(len(lines), sources, forced)
+        terms = self.terminology.apply({i: lines[i] for i in sources}) if self.terminology else None
+        return self.search_sources(len(lines), sources, forced, constraints=terms)
 
     def encode(self, lines: list[str], first_line: int = 1) -> Encoded:
         """The lines cleaned, cut, encoded and truncated, each cut line with a warning (`first_line`
@@ -148,12 +150,14 @@ class LineTranslator:
         sources: dict[int, list[int]],
         forced: dict[int, list[int]] | None = None,
         nbest: int | None = None,
+        constraints: dict | None = None,
     ) -> list[list[tuple[str, float]]]:
         """The n-best of `count` lines whose subword ids (as `encode` gives them) are `sources[i]`.
 
         Lines missing from `sources` (blank ones) give [("", 0.0)]. `nbest`: hypotheses per line, by
         default decode.nbest. The server encodes in its request handlers and calls this from its model
-        worker.
+        worker. `constraints`: the terms of the lines that have any (Terminology.apply), searched under
+        them; the other lines are searched exactly as without.
         """
         results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in range(count)]
         keys = list(sources)
@@ -162,9 +166,15 @@ class LineTranslator:
         for batch in token_batches([len(sources[i]) + 1 for i in keys], d.batch_tokens, rows):
             lines = [keys[j] for j in batch]
             wanted = [forced.get(i, []) for i in lines] if forced else None
-            for i, hyps in zip(
-                lines, self.engine.search([sources[i] for i in lines], wanted, nbest), strict=True
-            ):
+            if constraints:
+                from nmt.translate.terminology import search_lines
+
+                found = search_lines(
+                    self.engine, self.terminology, lines, sources, wanted, nbest, constraints
+                )
+            else:
+                found = self.engine.search([sources[i] for i in lines], wanted, nbest)
+            for i, hyps in zip(lines, found, strict=True):
                 texts = self.subword.decode([h.tokens for h in hyps])
                 results[i] = [(one_line(text), h.score) for text, h in zip(texts, hyps, strict=True)]
         return results
