@@ -526,6 +526,13 @@ def serve(
     shutdown_timeout: Annotated[
         float, typer.Option(help="After SIGTERM/SIGINT, seconds to answer what is in flight before exiting.")
     ] = 30.0,
+    glossary: Annotated[
+        Path | None,
+        typer.Option(
+            help="TSV file of `source term<TAB>target term` lines obeyed by every request (a request's own "
+            "`glossary` field adds to it)."
+        ),
+    ] = None,
     beam: BeamOpt = None,
     lenpen: LenpenOpt = None,
     device: DeviceOpt = "auto",
@@ -543,6 +550,8 @@ def serve(
     nmt serve --engine ctranslate2 -m ct2-en-de --dtype int8
     curl -s localhost:5000/translate -H 'Content-Type: application/json' \\
       -d '{"q": "A dog runs.", "source": "en", "target": "de"}'
+    curl -s localhost:5000/translate -H 'Content-Type: application/json' \\
+      -d '{"q": "A dog runs.", "glossary": [{"source": "dog", "target": "Hund"}]}'
     """
     from nmt.config import DecodeOverrides
     from nmt.serve import ServeSettings
@@ -559,7 +568,7 @@ def serve(
     overrides = DecodeOverrides.given(
         {"batch_tokens": "--max-batch-tokens"}, beam=beam, lenpen=lenpen, batch_tokens=max_batch_tokens
     )
-    run_serve(model, host, port, settings, overrides, device, dtype, err, engine)
+    run_serve(model, host, port, settings, overrides, device, dtype, err, engine, glossary=glossary)
 
 
 @app.command(cls=Command)
