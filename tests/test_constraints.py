@@ -14,6 +14,7 @@ from nmt.translate.constraints import (
     block_phrases,
     constrained_beam_search,
     constraint_batch,
+    constraint_tokens,
     phrase_groups,
 )
 from nmt.translate.search import beam_search
@@ -49,6 +50,11 @@ def test_advance_places_a_term_once_and_starts_its_paths_over():
         assert pos.tolist() == [want_pos] and done[0, 0].item() == want_placed
     pos, done = advance(pos, done, torch.tensor([9]), cons.paths, cons.path_len, cons.owner)
     assert done[0, 0].item() == 2  # the other alternative places it again: the search forbids that token
+
+
+def test_constraint_tokens_are_every_id_a_term_may_use():
+    assert constraint_tokens([Constraint(((7, 8), (9, 8))), Constraint(((5,),), 2)]) == [5, 7, 8, 9]
+    assert constraint_tokens([]) == []
 
 
 def test_allocate_takes_the_best_of_each_bank_in_turn_most_advanced_first():

@@ -68,6 +68,12 @@ class Constraint:
         return max(map(len, self.alternatives))
 
 
+def constraint_tokens(constraints: list[Constraint]) -> list[int]:
+    """Every token id a sentence's terms may be written with, sorted: what a per-sentence vocabulary
+    (a shortlist) must keep for the search to be able to place them."""
+    return sorted({w for c in constraints for alt in c.alternatives for w in alt})
+
+
 @dataclass
 class ConstraintBatch:
     """The constraints of B sentences as tensors; P alternatives (paths) and C constraints per sentence,
