@@ -8,7 +8,9 @@ beam search (nmt.translate.search, whose pure parts it uses) with dynamic beam a
 - Each hypothesis carries its progress: `pos` (how far along each alternative it is) and `placed` (how
   often each constraint has been completed). A token that continues an alternative advances it; any other
   token starts it over (at 1 if the token begins it). Completing any alternative places its constraint
-  once, and starts all of that constraint's alternatives over.
+  once, and starts all of that constraint's alternatives over. As in fairseq, a mismatch does not fall
+  back to a shorter partial match (no failure function): a term whose beginning repeats inside it
+  ("a a b" after "a a a b") can be missed, and then placed a second time.
 - Candidates of a step: the 2K best extensions (as in beam search), the next token of every unfinished
   alternative of every live hypothesis, and each hypothesis's best token; duplicates removed.
 - Banks: a candidate's bank is the number of constraint tokens it has met (placed constraints count their
