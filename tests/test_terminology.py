@@ -188,3 +188,15 @@ def test_a_bad_glossary_line_exits_2_naming_file_and_line(checkpoint, tmp_path):
     assert missing.exit_code == 2 and "none.txt: cannot read the avoid list" in missing.stderr
     sampled = invoke("-m", str(checkpoint), "--glossary", str(Path(terms)), "--sampling", stdin=b"a\n")
     assert sampled.exit_code == 2 and "not with --sampling" in sampled.stderr
+
+
+def test_the_ctranslate2_engine_and_sampling_refuse_a_glossary_in_one_line(loaded):
+    from types import SimpleNamespace
+
+    from nmt.config import Engine
+    from nmt.translate.terminology import check_engine
+
+    _, _, cfg = loaded
+    with pytest.raises(NmtError, match="--engine ctranslate2 takes no glossary"):
+        check_engine(SimpleNamespace(name=Engine.CTRANSLATE2), cfg.decode)
+    check_engine(SimpleNamespace(name=Engine.TORCH), cfg.decode)
