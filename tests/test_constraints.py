@@ -132,3 +132,23 @@ def test_avoided_phrases_never_appear():
     assert any(occurrences(hs[0].tokens, bigram) for hs in plain)
     for hs in got:
         assert occurrences(hs[0].tokens, bigram) == 0 and unigram not in hs[0].tokens
+
+
+def test_no_glue_token_follows_a_term():
+    model, sources = random_model(6), random_sources(6, 8)
+    constraints = random_constraints(6, 8)
+    glue = torch.zeros(VOCAB, dtype=torch.bool)
+    glue[4:14] = True  # tokens that would continue the term's last word
+    got = constrained_beam_search(model, pad(sources), constraints, 4, 0.6, 1.0, 3, glue=glue)
+    followed = 0
+    for hyps, terms in zip(got, constraints, strict=True):
+        tokens = hyps[0].tokens
+        for c in terms:
+            assert placed(tokens, c) == c.count
+            for alt in c.alternatives:
+                n = len(alt)
+                for i in range(len(tokens) - n):
+                    if tuple(tokens[i : i + n]) == alt:
+                        followed += 1
+                        assert not glue[tokens[i + n]], (tokens, alt)
+    assert followed > 0

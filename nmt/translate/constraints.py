@@ -234,10 +234,14 @@ def constrained_beam_search(
     no_repeat_ngram: int = 0,
     prefix: Tensor | None = None,
     avoid: list[list[int]] | None = None,
+    glue: Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     """Beam search (nmt.translate.search.beam_search) whose hypotheses must place each sentence's
     `constraints` and never produce an `avoid` phrase -> the `nbest` best of each sentence, best first,
     or none where no hypothesis could place them all within the limit.
+
+    glue: (V,) bool, the tokens that continue a word (subwords without a word-start marker), forbidden
+    right after a term so that a term ends a word ("Balkon", not "Balkonenen"); None: no such rule.
 
     src: (B, S) right-padded ids ending in EOS; prefix (B, P) forced first tokens or None. Rows of the
     state are sentence-major: row i * K + j is beam j of sentence i.
@@ -264,6 +268,7 @@ def constrained_beam_search(
     scores[:, 0] = 0.0
     pos = torch.zeros(b * k, n_paths, dtype=torch.long, device=dev)  # (B*K, P) progress along each path
     placed = torch.zeros(b * k, cons.need.shape[1], dtype=torch.long, device=dev)  # (B*K, C+1)
+    ended = torch.zeros(b * k, dtype=torch.bool, device=dev)  # (B*K,) the last token completed a term
     seqs = torch.full((b * k, steps), PAD, device=dev)
     last = torch.full((b * k,), BOS, device=dev)
     fin_scores = torch.full((b, k), -math.inf, dtype=dtype, device=dev)
@@ -282,6 +287,8 @@ def constrained_beam_search(
         )
         lprobs = force_prefix(lprobs, prefix, t)
         lprobs = forbid_unplaced(lprobs, pos, placed, *per_row)
+        if glue is not None:
+            lprobs.masked_fill_(ended[:, None] & glue, -math.inf)
         # 2. candidates: the 2K best, every hypothesis's best, and every token that advances a term
         best_tokens = lprobs.argmax(1).view(b, k)  # (B, K)
         wanted = next_tokens(pos, per_row[0]).view(b, k * n_paths)  # (B, K*P)
@@ -328,8 +335,10 @@ def constrained_beam_search(
         scores, beams, tokens = (x.gather(1, live) for x in (cand_scores, cand_beams, cand_tokens))
         pick = kept.gather(1, live)[..., None]  # (B, K, 1) index among the M candidates
         pos = cand_pos.gather(1, pick.expand(-1, -1, cand_pos.shape[2])).view(b * k, -1)
-        placed = cand_placed.gather(1, pick.expand(-1, -1, cand_placed.shape[2])).view(b * k, -1)
         rows = (offsets + beams).view(-1)
+        now_placed = cand_placed.gather(1, pick.expand(-1, -1, cand_placed.shape[2])).view(b * k, -1)
+        ended = now_placed.sum(1) > placed.index_select(0, rows).sum(1)
+        placed = now_placed
         last = tokens.view(-1)
         seqs = seqs.index_select(0, rows)
         seqs[:, t] = last
@@ -351,6 +360,7 @@ def constrained_beam_search(
         ids, max_lens, scores, alive = ids[keep], max_lens[keep], scores[keep], alive[keep]
         fin_scores, fin_tokens = fin_scores[keep], fin_tokens[keep]
         seqs, last, pos, placed = seqs[keep_rows], last[keep_rows], pos[keep_rows], placed[keep_rows]
+        ended = ended[keep_rows]
         prefix = prefix[keep_rows] if prefix is not None else None
         cons = cons.select(keep)
         per_row = [x[keep_rows] for x in per_row]

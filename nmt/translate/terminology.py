@@ -156,6 +156,8 @@ class Terminology:
         self.cache: dict[tuple[str, bool], tuple[tuple[int, ...], ...]] = {}
         self.avoid_phrases = list(avoid)
         self.avoid = sorted({v for phrase in avoid for v in self.variants(phrase, True)})
+        # pieces that continue a word (a letter or digit, no word-start marker): none may follow a term
+        self.glue = torch.tensor([p[:1].isalnum() for p in pieces], dtype=torch.bool)
         self.check(self.glossary)
 
     def check(self, glossary: Glossary | None) -> None:
@@ -268,6 +270,7 @@ def search_constrained(
     avoid: list[tuple[int, ...]],
     prefixes: list[list[int]] | None = None,
     nbest: int | None = None,
+    glue: torch.Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     """engine.search's answer, under constraints: the PyTorch engine's model searched by
     nmt.translate.constraints, with the engine's decode settings. Sentences no hypothesis could place
@@ -282,7 +285,7 @@ def search_constrained(
             found = constrained_beam_search(
                 model, src, constraints, d.beam, d.lenpen, d.max_len_a, d.max_len_b, n,
                 min_len=d.min_len, no_repeat_ngram=d.no_repeat_ngram_size, prefix=prefix,
-                avoid=[list(p) for p in avoid],
+                avoid=[list(p) for p in avoid], glue=glue.to(engine.device) if glue is not None else None,
             )  # fmt: skip
     finally:
         model.train(was_training)
@@ -332,7 +335,7 @@ def search_lines(
         check_engine(engine, engine.decode)
         got = search_constrained(
             engine, [sources[lines[j]] for j in terms], [constraints[lines[j]] for j in terms],
-            terminology.avoid, wanted(terms), nbest,
+            terminology.avoid, wanted(terms), nbest, terminology.glue,
         )  # fmt: skip
         for j, hyps in zip(terms, got, strict=True):
             found[j] = hyps
