@@ -215,7 +215,8 @@ class Batcher:
         nbest = batch[0][0].nbest  # alternatives: the same search, keeping more of the beam
         sources = {k: job.sources[i] for k, (job, i) in enumerate(pairs)}
         terms = {k: job.constraints[i] for k, (job, i) in enumerate(pairs) if i in (job.constraints or {})}
-        results = self.translator.search_sources(len(pairs), sources, nbest=nbest, constraints=terms or None)
+        given = {"constraints": terms} if terms else {}  # glossary terms (nmt.translate.terminology)
+        results = self.translator.search_sources(len(pairs), sources, nbest=nbest, **given)
         for (job, i), hyps in zip(pairs, results, strict=True):
             job.results[i] = hyps
         for job, _ in batch:
