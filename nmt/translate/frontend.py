@@ -156,27 +156,25 @@ class LineTranslator:
 
         Lines missing from `sources` (blank ones) give [("", 0.0)]. `nbest`: hypotheses per line, by
         default decode.nbest. The server encodes in its request handlers and calls this from its model
-        worker. `constraints`: the terms of the lines that have any (Terminology.apply), searched under
-        them; the other lines are searched exactly as without.
+        worker. `constraints`: the terms of the lines that have any (Terminology.apply); those lines are
+        batched among themselves and searched under them, the others as without.
         """
         results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in range(count)]
-        keys = list(sources)
+        keys = [i for i in sources if i not in constraints] if constraints else list(sources)
         d = self.decode
         rows = rows_per_sentence(d, nbest)
         for batch in token_batches([len(sources[i]) + 1 for i in keys], d.batch_tokens, rows):
             lines = [keys[j] for j in batch]
             wanted = [forced.get(i, []) for i in lines] if forced else None
-            if constraints:
-                from nmt.translate.terminology import search_lines
-
-                found = search_lines(
-                    self.engine, self.terminology, lines, sources, wanted, nbest, constraints
-                )
-            else:
-                found = self.engine.search([sources[i] for i in lines], wanted, nbest)
-            for i, hyps in zip(lines, found, strict=True):
+            for i, hyps in zip(
+                lines, self.engine.search([sources[i] for i in lines], wanted, nbest), strict=True
+            ):
                 texts = self.subword.decode([h.tokens for h in hyps])
                 results[i] = [(one_line(text), h.score) for text, h in zip(texts, hyps, strict=True)]
+        if constraints:
+            from nmt.translate.terminology import search_terms
+
+            search_terms(self, results, sources, forced, nbest, constraints)
         return results
 
     def clean(self, lines: list[str], first_line: int) -> list[str]:

@@ -307,39 +307,27 @@ def check_engine(engine, decode) -> None:
         raise NmtError("a glossary or avoid list works with beam search, not with --sampling")
 
 
-def search_lines(
-    engine,
-    terminology: Terminology,
-    lines: list[int],
-    sources: dict[int, list[int]],
-    prefixes: list[list[int]] | None,
-    nbest: int | None,
-    constraints: dict[int, list[Constraint]],
-) -> list[list[Hypothesis]]:
-    """One batch of the front end: lines with constraints through the constrained search, the others
-    through engine.search as they would be without a glossary (the same bytes: on the CPU a sentence's
-    translation does not depend on its batch-mates)."""
-    found: list[list[Hypothesis]] = [[] for _ in lines]
-    terms = [j for j, i in enumerate(lines) if i in constraints]
-    plain = [j for j, i in enumerate(lines) if i not in constraints]
+def search_terms(translator, results: list, sources: dict, forced: dict | None, nbest, constraints) -> None:
+    """The lines with terms (`constraints`, by line index) of a front end's search_sources: batched among
+    themselves (a batch of the usual budget, not a few lines beside the others) and searched under their
+    terms; their n-best written into `results` as search_sources writes the others'."""
+    from nmt.translate.frontend import one_line, rows_per_sentence, token_batches
 
-    def wanted(js: list[int]) -> list[list[int]] | None:
-        return [prefixes[j] for j in js] if prefixes is not None else None
-
-    if plain:
-        for j, hyps in zip(
-            plain, engine.search([sources[lines[j]] for j in plain], wanted(plain), nbest), strict=True
-        ):
-            found[j] = hyps
-    if terms:
-        check_engine(engine, engine.decode)
-        got = search_constrained(
-            engine, [sources[lines[j]] for j in terms], [constraints[lines[j]] for j in terms],
-            terminology.avoid, wanted(terms), nbest, terminology.glue,
+    engine, terms = translator.engine, translator.terminology
+    check_engine(engine, engine.decode)
+    keys = [i for i in sources if i in constraints]
+    d = engine.decode
+    rows = rows_per_sentence(d, nbest)
+    for batch in token_batches([len(sources[i]) + 1 for i in keys], d.batch_tokens, rows):
+        lines = [keys[j] for j in batch]
+        wanted = [forced.get(i, []) for i in lines] if forced else None
+        found = search_constrained(
+            engine, [sources[i] for i in lines], [constraints[i] for i in lines], terms.avoid, wanted, nbest,
+            terms.glue,
         )  # fmt: skip
-        for j, hyps in zip(terms, got, strict=True):
-            found[j] = hyps
-    return found
+        for i, hyps in zip(lines, found, strict=True):
+            texts = translator.subword.decode([h.tokens for h in hyps])
+            results[i] = [(one_line(text), h.score) for text, h in zip(texts, hyps, strict=True)]
 
 
 def server_terminology(translator) -> Terminology | None:
