@@ -417,6 +417,16 @@ def translate(
             "continues its own."
         ),
     ] = None,
+    glossary: Annotated[
+        Path | None,
+        typer.Option(
+            help="TSV file of `source term<TAB>target term` lines: each term found in a line (whole words, "
+            "any case) comes out as its target, exactly once; a target equal to its source is kept as it is."
+        ),
+    ] = None,
+    avoid: Annotated[
+        Path | None, typer.Option(help="File of target phrases, one a line, never to be produced.")
+    ] = None,
     sampling: Annotated[
         bool | None,
         typer.Option("--sampling", help="Draw each token instead of searching (back-translation)."),
@@ -452,6 +462,7 @@ def translate(
     nmt translate -m a.pt -m b.pt -i in.en   # ensemble of two models
     nmt translate -m model.pt -i mono.de --sampling --sampling-topk 10 --seed 1   # back-translation
     nmt translate -m model.pt -i in.en --prefix starts.de --no-repeat-ngram-size 3
+    nmt translate -m model.pt -i in.en --glossary terms.tsv --avoid banned.de
     nmt translate --engine ctranslate2 -m ct2-en-de -i in.en --dtype int8
     nmt translate -m student.pt -i in.en --beam 1 --dtype int8 --shortlist   # after nmt shortlist
     """
@@ -487,6 +498,8 @@ def translate(
         engine=engine,
         prefix=prefix,
         scored=nbest is not None,
+        glossary=glossary,
+        avoid=avoid,
     )
 
 
@@ -532,6 +545,13 @@ def serve(
             help="Origins whose pages may call the server, comma-separated (https://x.org); * any, '' none.",
         ),
     ] = "*",
+    glossary: Annotated[
+        Path | None,
+        typer.Option(
+            help="TSV file of `source term<TAB>target term` lines obeyed by every request (a request's own "
+            "`glossary` field adds to it)."
+        ),
+    ] = None,
     beam: BeamOpt = None,
     lenpen: LenpenOpt = None,
     device: DeviceOpt = "auto",
@@ -550,6 +570,8 @@ def serve(
     nmt serve --engine ctranslate2 -m ct2-en-de --dtype int8
     curl -s localhost:5000/translate -H 'Content-Type: application/json' \\
       -d '{"q": "A dog runs.", "source": "en", "target": "de"}'
+    curl -s localhost:5000/translate -H 'Content-Type: application/json' \\
+      -d '{"q": "A dog runs.", "glossary": [{"source": "dog", "target": "Hund"}]}'
     """
     from nmt.config import DecodeOverrides
     from nmt.serve import ServeSettings
@@ -570,7 +592,7 @@ def serve(
         batch_tokens=max_batch_tokens,
         shortlist=shortlist,
     )
-    run_serve(model, host, port, settings, overrides, device, dtype, err, engine)
+    run_serve(model, host, port, settings, overrides, device, dtype, err, engine, glossary=glossary)
 
 
 @app.command(name="shortlist", cls=Command)

@@ -7,7 +7,9 @@ import asyncio
 import time
 from dataclasses import dataclass
 
+from nmt.errors import NmtError
 from nmt.serve.batcher import Batcher, QueueFull
+from nmt.serve.kept import kept_spans, spans_in
 from nmt.serve.markup import markup_join, markup_lines, markup_parts
 from nmt.serve.settings import HTTPError, ServeSettings, accept
 from nmt.translate.frontend import rows_per_sentence
@@ -45,6 +47,7 @@ class Text:
 
     lines: list[str]
     parts: list | None = None  # html: the fragment's parts
+    kept: list[str] | None = None  # html: the texts of its translate="no" elements, copied as they are
 
     def join(self, translations: list[str]) -> str:
         return markup_join(self.parts, translations) if self.parts is not None else "\n".join(translations)
@@ -56,6 +59,10 @@ class Service:
     def __init__(self, batcher: Batcher, src: str, tgt: str, settings: ServeSettings, model: str):
         self.batcher, self.src, self.tgt = batcher, src, tgt
         self.settings, self.model_name = settings, model
+        from nmt.translate.terminology import server_terminology
+
+        # glossaries: the server's own (--glossary), and a request's added to it; None: the engine takes none
+        self.terminology = server_terminology(batcher.translator)
 
     @property
     def decode(self):
@@ -78,8 +85,33 @@ class Service:
             start += len(t.lines)
         return encoded.sources, len(lines), truncated
 
-    async def translate(self, texts: list[Text], nbest: int) -> tuple[list[list], list[list[int]]]:
-        """For each text, its lines' n-best lists of (translation, score); and its truncated line numbers."""
+    def constraints(self, texts: list[Text], sources: dict[int, list[int]], glossary) -> dict | None:
+        """The terms of each line that has any: the server's glossary, the request's (`glossary`, a list of
+        {"source", "target"}), and the kept spans of HTML; an entry that cannot be obeyed is a 422."""
+        kept = any(t.kept for t in texts)
+        if self.terminology is None:
+            if glossary is not None:
+                raise HTTPError(422, '"glossary": this server takes none (it needs --engine torch)')
+            return None
+        if glossary is None and not kept and not self.terminology.active:
+            return None
+        from nmt.translate.terminology import glossary_of
+
+        lines = [line for t in texts for line in t.lines]
+        spans = [t.kept or [] for t in texts for _ in t.lines]
+        try:
+            extra = glossary_of(glossary) if glossary is not None else None
+            return self.terminology.apply(
+                {i: lines[i] for i in sources}, extra, {i: spans_in(lines[i], spans[i]) for i in sources}
+            )
+        except NmtError as e:
+            raise HTTPError(422, str(e)) from None
+
+    async def translate(
+        self, texts: list[Text], nbest: int, glossary=None
+    ) -> tuple[list[list], list[list[int]]]:
+        """For each text, its lines' n-best lists of (translation, score); and its truncated line numbers.
+        `glossary`: the request's own terms, if any."""
         size = sum(len(line) for t in texts for line in t.lines)
         if size > self.settings.max_chars:
             raise HTTPError(
@@ -89,10 +121,11 @@ class Service:
             sources, count, truncated = await asyncio.to_thread(self.encode, texts)
         else:  # microseconds: a hand-off to a thread would cost more than it saves
             sources, count, truncated = self.encode(texts)
+        terms = self.constraints(texts, sources, glossary)
         accept()  # read, validated and encoded: what goes wrong from here on is the server's
         deadline = time.monotonic() + self.settings.timeout
         try:
-            job = self.batcher.submit(sources, count, nbest, deadline)
+            job = self.batcher.submit(sources, count, nbest, deadline, constraints=terms)
         except QueueFull as e:
             raise HTTPError(503, f"busy: {e}; try again shortly", {"Retry-After": "1"}) from None
         try:
@@ -157,11 +190,11 @@ class Service:
             items = []
             for t in texts:
                 parts = markup_parts(t)
-                items.append(Text(markup_lines(parts), parts))
+                items.append(Text(markup_lines(parts), parts, kept_spans(t)))
         else:
             items = [Text(split_lines(t)) for t in texts]
         nbest = 1 + alternatives
-        results, truncated = await self.translate(items, nbest)
+        results, truncated = await self.translate(items, nbest, body.get("glossary"))
         translated = [t.join(nth(r, 0)) for t, r in zip(items, results, strict=True)]
         answer: dict = {"translatedText": translated[0] if single else translated}
         if source == "auto":  # the model has one source language: that is what is "detected"

@@ -40,6 +40,7 @@ class Job:
     queued: int  # lines still waiting
     served: int = 0  # pieces taken into batches so far
     submitted: float = field(default_factory=time.monotonic)
+    constraints: dict | None = None  # glossary terms by line index (nmt.translate.terminology)
     results: list = field(default_factory=list)
     future: Future = field(default_factory=Future)
 
@@ -88,8 +89,11 @@ class Batcher:
         """A piece's lines, and its longest line in subwords with the EOS."""
         return len(piece), max(len(job.sources[i]) + 1 for i in piece)
 
-    def submit(self, sources: dict[int, list[int]], count: int, nbest: int, deadline: float) -> Job:
-        """Queue a request's encoded lines; its future gets the n-best of every line (blank: [("", 0.0)])."""
+    def submit(
+        self, sources: dict[int, list[int]], count: int, nbest: int, deadline: float, constraints=None
+    ) -> Job:
+        """Queue a request's encoded lines; its future gets the n-best of every line (blank: [("", 0.0)]).
+        `constraints`: the terms of the lines that have any (Terminology.apply)."""
         pieces: deque[list[int]] = deque()
         piece, longest = [], 0
         for i, ids in sources.items():  # line order: a piece is a run of neighbouring lines
@@ -101,7 +105,7 @@ class Batcher:
             longest = longer
         if piece:
             pieces.append(piece)
-        job = Job(sources, count, nbest, deadline, pieces, len(sources))
+        job = Job(sources, count, nbest, deadline, pieces, len(sources), constraints=constraints)
         job.results = [[("", 0.0)] for _ in range(count)]
         if not pieces:
             job.future.set_result(job.results)
@@ -222,7 +226,9 @@ class Batcher:
             return
         nbest = batch[0][0].nbest  # alternatives: the same search, keeping more of the beam
         sources = {k: job.sources[i] for k, (job, i) in enumerate(pairs)}
-        results = self.translator.search_sources(len(pairs), sources, nbest=nbest)
+        terms = {k: job.constraints[i] for k, (job, i) in enumerate(pairs) if i in (job.constraints or {})}
+        given = {"constraints": terms} if terms else {}  # glossary terms (nmt.translate.terminology)
+        results = self.translator.search_sources(len(pairs), sources, nbest=nbest, **given)
         for (job, i), hyps in zip(pairs, results, strict=True):
             job.results[i] = hyps
         for job, _ in batch:

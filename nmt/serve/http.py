@@ -385,8 +385,10 @@ def serve(
     dtype: Precision | str,
     console: Console,
     engine: Engine | str = Engine.TORCH,
+    glossary: Path | None = None,
 ) -> None:
     """Load the model, serve until SIGTERM/SIGINT, then answer the requests in flight and return.
+    `glossary`: a TSV file of terms every request obeys (nmt.translate.terminology).
 
     The model is built as `nmt translate` builds it (nmt.translate.build_translator), on either engine;
     the batch budget (--max-batch-tokens) is among `overrides`, as decode.batch_tokens.
@@ -402,6 +404,10 @@ def serve(
     settings.check()
     # The checkpoint is read once; the server's translator prints no warnings: answers say what was cut.
     built = build_translator(model_path, overrides, device, dtype, engine, None, "nmt serve")
+    if glossary is not None:
+        from nmt.translate.terminology import attach_terminology
+
+        attach_terminology(built.translator, glossary)
     sock = listen(host, port)
     metrics = Metrics(ROUTES)
     batcher = Batcher(built.translator, settings, metrics, console)

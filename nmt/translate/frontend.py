@@ -105,6 +105,7 @@ class LineTranslator:
         # minutes and gigabytes to encode whole): no subword is longer than MAX_PIECE_CHARS, so the cut
         # keeps every character the model's max_source subwords can hold.
         self.max_chars = self.max_source * MAX_PIECE_CHARS
+        self.terminology = None  # nmt.translate.terminology.Terminology: a glossary, an avoid list
 
     @property
     def decode(self) -> DecodeConfig:
@@ -128,7 +129,8 @@ class LineTranslator:
             keys = [i for i in sources if prefixes[i].strip()]
             for i, ids in zip(keys, self.subword.encode_target([prefixes[i] for i in keys]), strict=True):
                 forced[i] = ids[: self.max_source]
-        return self.search_sources(len(lines), sources, forced)
+        terms = self.terminology.apply({i: lines[i] for i in sources}) if self.terminology else None
+        return self.search_sources(len(lines), sources, forced, constraints=terms)
 
     def encode(self, lines: list[str], first_line: int = 1) -> Encoded:
         """The lines cleaned, cut, encoded and truncated, each cut line with a warning (`first_line`
@@ -155,15 +157,17 @@ class LineTranslator:
         sources: dict[int, list[int]],
         forced: dict[int, list[int]] | None = None,
         nbest: int | None = None,
+        constraints: dict | None = None,
     ) -> list[list[tuple[str, float]]]:
         """The n-best of `count` lines whose subword ids (as `encode` gives them) are `sources[i]`.
 
         Lines missing from `sources` (blank ones) give [("", 0.0)]. `nbest`: hypotheses per line, by
         default decode.nbest. The server encodes in its request handlers and calls this from its model
-        worker.
+        worker. `constraints`: the terms of the lines that have any (Terminology.apply); those lines are
+        batched among themselves and searched under them, the others as without.
         """
         results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in range(count)]
-        keys = list(sources)
+        keys = [i for i in sources if i not in constraints] if constraints else list(sources)
         d = self.decode
         rows = rows_per_sentence(d, nbest)
         lengths = [len(sources[i]) + 1 for i in keys]
@@ -175,6 +179,10 @@ class LineTranslator:
             ):
                 texts = self.subword.decode([h.tokens for h in hyps])
                 results[i] = [(one_line(text), h.score) for text, h in zip(texts, hyps, strict=True)]
+        if constraints:
+            from nmt.translate.terminology import search_terms
+
+            search_terms(self, results, sources, forced, nbest, constraints)
         return results
 
     def clean(self, lines: list[str], first_line: int) -> list[str]:

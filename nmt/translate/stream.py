@@ -22,6 +22,7 @@ from nmt.errors import NmtError
 from nmt.output import output_stream, refuse_input_as_output, stdout, write_failed
 from nmt.progress import Progress, count_lines
 from nmt.translate.builder import build_translator
+from nmt.translate.terminology import attach_terminology
 
 CHUNK_LINES = 2000  # lines read, sorted and batched together; their translations are flushed together
 
@@ -107,6 +108,8 @@ def translate_stream(
     engine: Engine | str = Engine.TORCH,
     prefix: Path | None = None,
     scored: bool = False,
+    glossary: Path | None = None,
+    avoid: Path | None = None,
 ) -> None:
     """`nmt translate`: lines from `input` (default stdin) to `output` (default stdout), in order.
 
@@ -115,15 +118,17 @@ def translate_stream(
     Decode settings default to the checkpoint's own `decode` section, overridden by the options given.
     `scored` (or decode.nbest > 1) switches to the format `index<TAB>score<TAB>text`, index the 0-based
     input line. `prefix` is a file of target prefixes, one per input line.
+    `glossary` (a TSV of terms) and `avoid` (phrases) are obeyed by the search (nmt.translate.terminology).
     """
     # Before anything is opened for writing: an output that is an input would be emptied before it is read.
-    refuse_input_as_output(output, [input, prefix])
+    refuse_input_as_output(output, [input, prefix, *(p for p in (glossary, avoid) if p is not None)])
     if output is None:
         stdout()  # a closed standard output is one line now, not after the model has loaded
     built = build_translator(model_path, overrides, device, dtype, engine, console)
     translator, decode = built.translator, built.decode
     if decode.shortlist and (scored or decode.nbest > 1):
         console.print("scores are log-probabilities over each sentence's shortlist, not the whole vocabulary")
+    attach_terminology(translator, glossary, avoid)
     source = open_input(input)
     prefixes = open_input(prefix) if prefix is not None else None
     interactive = interactive or (input is None and sys.stdin.isatty())

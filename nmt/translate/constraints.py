@@ -1,0 +1,371 @@
+"""Lexically constrained beam search: terms a translation must contain, phrases it must not; torch only.
+
+A constraint is one term that must appear `count` times, written any of several ways (its alternatives:
+token sequences, e.g. a SentencePiece segmentation with and without the word-start marker). The search is
+beam search (nmt.translate.search, whose pure parts it uses) with dynamic beam allocation (Post & Vilar,
+2018) vectorized over the batch (Hu et al., 2019; fairseq's `--constraints` is the reference):
+
+- Each hypothesis carries its progress: `pos` (how far along each alternative it is) and `placed` (how
+  often each constraint has been completed). A token that continues an alternative advances it; any other
+  token starts it over (at 1 if the token begins it). Completing any alternative places its constraint
+  once, and starts all of that constraint's alternatives over. As in fairseq, a mismatch does not fall
+  back to a shorter partial match (no failure function): a term whose beginning repeats inside it
+  ("a a b" after "a a a b") can be missed, and then placed a second time.
+- Candidates of a step: the 2K best extensions (as in beam search), the next token of every unfinished
+  alternative of every live hypothesis, and each hypothesis's best token; duplicates removed.
+- Banks: a candidate's bank is the number of constraint tokens it has met (placed constraints count their
+  shortest alternative, the one in progress its position). The 2K candidates kept are taken best-first
+  from each bank in turn, the most advanced bank first, so hypotheses that have placed more of the terms
+  keep a share of the beam however badly they score; then, as in beam search, EOS among the first K
+  finishes a hypothesis and the first K others stay live.
+- EOS is forbidden until every constraint is placed; a placed constraint may not be placed again (the
+  token that would complete another copy is forbidden), so every term appears exactly as often as
+  required. The output limit grows by the constraints' length (their longest alternatives).
+- Avoided phrases (token sequences) are never produced: a token that would complete one is forbidden, as
+  n-gram blocking forbids a repeat.
+
+A sentence whose search ends without a finished hypothesis (every hypothesis met its limit with a term
+still missing) gets none: the caller decides what to do with it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from nmt.tokens import BOS, EOS, PAD
+from nmt.translate.search import (
+    COMPACT_EVERY,
+    Decoder,
+    Hypothesis,
+    block_repeated_ngrams,
+    expand_scores,
+    finalize,
+    force_prefix,
+    hypotheses,
+    max_output_lengths,
+    score_dtype,
+    sentence_done,
+    step_log_probs,
+    token_masks,
+)
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A term a translation must contain `count` times, as any one of its `alternatives` (token ids)."""
+
+    alternatives: tuple[tuple[int, ...], ...]
+    count: int = 1
+
+    @property
+    def shortest(self) -> int:
+        return min(map(len, self.alternatives))
+
+    @property
+    def longest(self) -> int:
+        return max(map(len, self.alternatives))
+
+
+def constraint_tokens(constraints: list[Constraint]) -> list[int]:
+    """Every token id a sentence's terms may be written with, sorted: what a per-sentence vocabulary
+    (a shortlist) must keep for the search to be able to place them."""
+    return sorted({w for c in constraints for alt in c.alternatives for w in alt})
+
+
+@dataclass
+class ConstraintBatch:
+    """The constraints of B sentences as tensors; P alternatives (paths) and C constraints per sentence,
+    padded. Column C of `need` and `placed` is a sink for padding paths (need 0)."""
+
+    paths: Tensor  # (B, P, L) each alternative's tokens, PAD-filled
+    path_len: Tensor  # (B, P) its length; 0 for padding
+    owner: Tensor  # (B, P) its constraint; C for padding
+    need: Tensor  # (B, C + 1) placements required
+    weight: Tensor  # (B, C + 1) bank tokens one placement is worth: the shortest alternative
+    extra: Tensor  # (B,) tokens the output limit grows by
+
+    def select(self, rows: Tensor) -> ConstraintBatch:
+        return ConstraintBatch(*(x[rows] for x in self.__dict__.values()))
+
+    @property
+    def total(self) -> Tensor:
+        """(B,) the top bank: every constraint placed."""
+        return (self.need * self.weight).sum(1)
+
+
+def constraint_batch(sentences: list[list[Constraint]], device: torch.device) -> ConstraintBatch:
+    """Pack each sentence's constraints (any number, none included) into padded tensors."""
+    b = len(sentences)
+    c = max((len(s) for s in sentences), default=0)
+    p = max((sum(len(x.alternatives) for x in s) for s in sentences), default=0)
+    length = max((x.longest for s in sentences for x in s), default=1)
+    paths = torch.full((b, max(p, 1), length), PAD, dtype=torch.long)
+    path_len = torch.zeros(b, max(p, 1), dtype=torch.long)
+    owner = torch.full((b, max(p, 1)), c, dtype=torch.long)
+    need = torch.zeros(b, c + 1, dtype=torch.long)
+    weight = torch.zeros(b, c + 1, dtype=torch.long)
+    extra = torch.zeros(b, dtype=torch.long)
+    for i, sentence in enumerate(sentences):
+        j = 0
+        for k, constraint in enumerate(sentence):
+            need[i, k], weight[i, k] = constraint.count, constraint.shortest
+            extra[i] += constraint.count * constraint.longest
+            for alt in constraint.alternatives:
+                paths[i, j, : len(alt)] = torch.tensor(alt, dtype=torch.long)
+                path_len[i, j], owner[i, j] = len(alt), k
+                j += 1
+    fields = (paths, path_len, owner, need, weight, extra)
+    return ConstraintBatch(*(x.to(device, non_blocking=True) for x in fields))
+
+
+# ---- the parts, as pure functions -------------------------------------------------------------------
+
+
+def next_tokens(pos: Tensor, paths: Tensor) -> Tensor:
+    """The token that continues each path: (..., P) positions, (..., P, L) paths -> (..., P)."""
+    return paths.gather(-1, pos.clamp(max=paths.shape[-1] - 1)[..., None]).squeeze(-1)
+
+
+def advance(
+    pos: Tensor, placed: Tensor, tokens: Tensor, paths: Tensor, path_len: Tensor, owner: Tensor
+) -> tuple[Tensor, Tensor]:
+    """The progress after emitting `tokens`: (..., P), (..., C+1), (...,) with paths (..., P, L),
+    path_len and owner (..., P) -> new pos and placed.
+
+    A token that continues a path moves it on; any other starts it over (at 1 if the token begins it). A
+    complete path places its constraint once, and every path of that constraint starts over.
+    """
+    w = tokens[..., None]  # (..., 1)
+    pos = torch.where(next_tokens(pos, paths) == w, pos + 1, (paths[..., 0] == w).long())  # (..., P)
+    complete = (pos == path_len) & (path_len > 0)  # (..., P)
+    hit = torch.zeros_like(placed).scatter_add_(-1, owner, complete.long()) > 0  # (..., C+1)
+    placed = placed + hit.long()
+    return pos.masked_fill(hit.gather(-1, owner), 0), placed
+
+
+def banks(pos: Tensor, placed: Tensor, cons: ConstraintBatch) -> Tensor:
+    """Constraint tokens met: placements (at most the required ones) times their shortest alternative,
+    plus the furthest position along an alternative of a constraint still missing. (B, M, P), (B, M, C+1)
+    -> (B, M), at most the sentence's total."""
+    need, weight = cons.need[:, None], cons.weight[:, None]  # (B, 1, C+1)
+    met = (placed.minimum(need) * weight).sum(-1)  # (B, M)
+    missing = (placed < need).gather(-1, cons.owner[:, None].expand_as(pos))  # (B, M, P)
+    partial = (pos * missing).amax(-1)  # (B, M)
+    return (met + partial).minimum(cons.total[:, None])
+
+
+def forbid_unplaced(
+    lprobs: Tensor, pos: Tensor, placed: Tensor, paths: Tensor, path_len: Tensor, owner: Tensor, need: Tensor
+) -> Tensor:
+    """No EOS while a constraint is missing; no token completing a constraint already placed as often as
+    required. (N, V), pos (N, P), placed (N, C+1), paths (N, P, L), path_len/owner (N, P), need (N, C+1)."""
+    done = placed >= need  # (N, C+1)
+    lprobs[:, EOS].masked_fill_(~done.all(-1), -math.inf)
+    again = done.gather(1, owner) & (pos == path_len - 1) & (path_len > 0)  # (N, P)
+    # PAD is forbidden already, so the rows' other paths may point there
+    return lprobs.scatter_(1, torch.where(again, next_tokens(pos, paths), PAD), -math.inf)
+
+
+def block_phrases(lprobs: Tensor, history: Tensor, phrases: list[Tensor]) -> Tensor:
+    """Forbid every token that would complete an avoided phrase: (N, V), (N, t), phrases grouped by
+    length, each (Q, n) -> (N, V). The n-gram ban of search.block_repeated_ngrams, with given n-grams."""
+    t = history.shape[1]
+    for group in phrases:
+        n = group.shape[1]
+        if t < n - 1:
+            continue
+        recent = history[:, t - n + 1 :]  # (N, n-1)
+        match = (recent[:, None, :] == group[None, :, :-1]).all(-1)  # (N, Q)
+        hits = torch.zeros(lprobs.shape, dtype=torch.int32, device=lprobs.device)
+        hits.scatter_add_(1, group[:, -1].expand(len(lprobs), -1), match.int())  # (N, V)
+        lprobs = lprobs.masked_fill(hits > 0, -math.inf)
+    return lprobs
+
+
+def phrase_groups(phrases: list[list[int]], device: torch.device) -> list[Tensor]:
+    """Avoided phrases as tensors of one length each (block_phrases' input)."""
+    by_len: dict[int, list[list[int]]] = {}
+    for p in phrases:
+        if p:
+            by_len.setdefault(len(p), []).append(p)
+    return [torch.tensor(g, dtype=torch.long, device=device) for _, g in sorted(by_len.items())]
+
+
+def unique(flat: Tensor, scores: Tensor) -> Tensor:
+    """Scores with every repeat of a candidate (same beam and token) after its first set to -inf:
+    (B, M) flat indices, (B, M) scores -> (B, M)."""
+    order = flat.sort(dim=1, stable=True)
+    repeat = torch.zeros_like(flat, dtype=torch.bool)
+    repeat[:, 1:] = order.values[:, 1:] == order.values[:, :-1]  # (B, M) in sorted order
+    return scores.masked_fill(torch.zeros_like(repeat).scatter_(1, order.indices, repeat), -math.inf)
+
+
+def allocate(scores: Tensor, bank: Tensor, n: int, top: int) -> Tensor:
+    """Dynamic beam allocation: indices of the n candidates kept, in the order kept: the best of each
+    bank in turn, the most advanced bank first, then the second best of each, and so on. (B, M) scores
+    and banks (0..top) -> (B, n). Candidates at -inf come last."""
+    by_score = scores.argsort(dim=1, descending=True, stable=True)  # (B, M)
+    bank = bank.gather(1, by_score)
+    ranks = torch.nn.functional.one_hot(bank, top + 1).cumsum(1)  # (B, M, top+1)
+    rank = ranks.gather(2, bank[..., None]).squeeze(-1) - 1  # (B, M) place within its bank
+    key = rank * (top + 1) + (top - bank)  # (B, M)
+    key = key.masked_fill(~torch.isfinite(scores.gather(1, by_score)), torch.iinfo(key.dtype).max)
+    return by_score.gather(1, key.argsort(dim=1, stable=True)[:, :n])
+
+
+# ---- the search -------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def constrained_beam_search(
+    model: Decoder,
+    src: Tensor,
+    constraints: list[list[Constraint]],
+    beam: int,
+    lenpen: float,
+    max_len_a: float,
+    max_len_b: int,
+    nbest: int = 1,
+    min_len: int = 1,
+    no_repeat_ngram: int = 0,
+    prefix: Tensor | None = None,
+    avoid: list[list[int]] | None = None,
+    glue: Tensor | None = None,
+) -> list[list[Hypothesis]]:
+    """Beam search (nmt.translate.search.beam_search) whose hypotheses must place each sentence's
+    `constraints` and never produce an `avoid` phrase -> the `nbest` best of each sentence, best first,
+    or none where no hypothesis could place them all within the limit.
+
+    glue: (V,) bool, the tokens that continue a word (subwords without a word-start marker), forbidden
+    right after a term so that a term ends a word ("Balkon", not "Balkonenen"); None: no such rule.
+
+    src: (B, S) right-padded ids ending in EOS; prefix (B, P) forced first tokens or None. Rows of the
+    state are sentence-major: row i * K + j is beam j of sentence i.
+    """
+    if not 1 <= nbest <= beam:
+        raise ValueError(f"nbest {nbest} must be between 1 and the beam size {beam}")
+    b, k, dev = src.shape[0], beam, src.device
+    cons = constraint_batch(constraints, dev)
+    blocked = phrase_groups(avoid or [], dev)
+    max_lens = max_output_lengths(src, max_len_a, max_len_b, model.max_positions, prefix)  # (B,)
+    max_lens = (max_lens + cons.extra).clamp(max=model.max_positions - 1)  # room for the terms
+    prefix = prefix.repeat_interleave(k, dim=0) if prefix is not None else None  # (B*K, P)
+    steps = int(max_lens.max()) + 1
+    memory, src_keep = model.encode(src)
+    state = model.init_state(memory, src_keep, steps, k)
+    dtype = score_dtype(memory)
+    masks = token_masks(model.vocab_size, dtype, dev)
+    vocab = model.vocab_size
+    n_paths = cons.paths.shape[1]
+
+    ids = torch.arange(b, device=dev)
+    alive = torch.ones(b, dtype=torch.bool, device=dev)
+    scores = torch.full((b, k), -math.inf, dtype=dtype, device=dev)  # (B, K) raw scores of live hypotheses
+    scores[:, 0] = 0.0
+    pos = torch.zeros(b * k, n_paths, dtype=torch.long, device=dev)  # (B*K, P) progress along each path
+    placed = torch.zeros(b * k, cons.need.shape[1], dtype=torch.long, device=dev)  # (B*K, C+1)
+    ended = torch.zeros(b * k, dtype=torch.bool, device=dev)  # (B*K,) the last token completed a term
+    seqs = torch.full((b * k, steps), PAD, device=dev)
+    last = torch.full((b * k,), BOS, device=dev)
+    fin_scores = torch.full((b, k), -math.inf, dtype=dtype, device=dev)
+    fin_tokens = torch.full((b, k, steps), PAD, device=dev)
+    out_scores, out_tokens = fin_scores.clone(), fin_tokens.clone()
+    offsets = torch.arange(b, device=dev)[:, None] * k  # (B, 1)
+    per_row = [x.repeat_interleave(k, dim=0) for x in (cons.paths, cons.path_len, cons.owner, cons.need)]
+    first_limit = int(max_lens.min())
+    for t in range(steps):
+        # 1. one decoder step; the step's distribution masked as beam search masks it, and by the terms
+        logits, state = model.step(last, state)
+        at_limit = (max_lens <= t).repeat_interleave(k) if t >= first_limit else None  # (B*K,)
+        lprobs = step_log_probs(logits, at_limit, masks, t < min_len)  # (B*K, V)
+        lprobs = block_phrases(
+            block_repeated_ngrams(lprobs, seqs[:, :t], no_repeat_ngram), seqs[:, :t], blocked
+        )
+        lprobs = force_prefix(lprobs, prefix, t)
+        lprobs = forbid_unplaced(lprobs, pos, placed, *per_row)
+        if glue is not None:
+            lprobs.masked_fill_(ended[:, None] & glue, -math.inf)
+        # 2. candidates: the 2K best, every hypothesis's best, and every token that advances a term
+        best_tokens = lprobs.argmax(1).view(b, k)  # (B, K)
+        wanted = next_tokens(pos, per_row[0]).view(b, k * n_paths)  # (B, K*P)
+        cand = expand_scores(scores, lprobs)  # (B, K*V)
+        beam_of = torch.arange(k, device=dev)
+        flat = torch.cat(
+            [
+                cand.topk(2 * k, dim=1).indices,
+                beam_of * vocab + best_tokens,
+                beam_of.repeat_interleave(n_paths) * vocab + wanted,
+            ],
+            1,
+        )  # (B, M)
+        cand_scores = unique(flat, cand.gather(1, flat))  # (B, M)
+        cand_beams, cand_tokens = flat // vocab, flat % vocab
+        # 3. each candidate's progress, its bank, and the 2K kept by dynamic beam allocation
+        parent = (offsets + cand_beams).view(-1)  # (B*M,)
+        m = flat.shape[1]
+        cand_pos, cand_placed = advance(
+            pos[parent].view(b, m, -1),
+            placed[parent].view(b, m, -1),
+            cand_tokens,
+            cons.paths[:, None].expand(-1, m, -1, -1),
+            cons.path_len[:, None].expand(-1, m, -1),
+            cons.owner[:, None].expand(-1, m, -1),
+        )  # (B, M, P), (B, M, C+1)
+        kept = allocate(cand_scores, banks(cand_pos, cand_placed, cons), 2 * k, int(cons.total.max()))
+        cand_scores, cand_beams, cand_tokens = (
+            x.gather(1, kept) for x in (cand_scores, cand_beams, cand_tokens)
+        )
+        # 4. EOS among the first K finishes (only hypotheses with every term placed may emit it)
+        rows = (offsets + cand_beams[:, :k]).view(-1)  # (B*K,)
+        fin_scores, fin_tokens = finalize(
+            fin_scores,
+            fin_tokens,
+            cand_scores[:, :k],
+            cand_tokens[:, :k],
+            seqs.index_select(0, rows).view(-1, k, steps),
+            t + 1,
+            lenpen,
+        )
+        # 5. the first K others stay live, with their progress
+        live = torch.sort((cand_tokens == EOS).to(torch.uint8), dim=1, stable=True).indices[:, :k]  # (B, K)
+        scores, beams, tokens = (x.gather(1, live) for x in (cand_scores, cand_beams, cand_tokens))
+        pick = kept.gather(1, live)[..., None]  # (B, K, 1) index among the M candidates
+        pos = cand_pos.gather(1, pick.expand(-1, -1, cand_pos.shape[2])).view(b * k, -1)
+        rows = (offsets + beams).view(-1)
+        now_placed = cand_placed.gather(1, pick.expand(-1, -1, cand_placed.shape[2])).view(b * k, -1)
+        ended = now_placed.sum(1) > placed.index_select(0, rows).sum(1)
+        placed = now_placed
+        last = tokens.view(-1)
+        seqs = seqs.index_select(0, rows)
+        seqs[:, t] = last
+        # 6. finished sentences are recorded (the live bound uses the best live score: not the first)
+        best_live = scores.max(1, keepdim=True).values  # (B, 1)
+        done = sentence_done(fin_scores, best_live, t, max_lens, lenpen, nbest) & alive
+        alive &= ~done
+        n_done, n_dead = torch.stack([done.sum(), (~alive).sum()]).tolist()
+        if n_done:
+            out_scores[ids[done]], out_tokens[ids[done]] = fin_scores[done], fin_tokens[done]
+        if n_dead == len(alive):
+            break
+        # 7. the decoder state follows the beams; finished sentences leave once they are 1/COMPACT_EVERY
+        if n_dead * COMPACT_EVERY < len(alive):
+            state = model.reorder_beams(state, rows)
+            continue
+        keep = alive.nonzero().squeeze(1)  # (B',)
+        keep_rows = (keep[:, None] * k + torch.arange(k, device=dev)).view(-1)  # (B'*K,)
+        ids, max_lens, scores, alive = ids[keep], max_lens[keep], scores[keep], alive[keep]
+        fin_scores, fin_tokens = fin_scores[keep], fin_tokens[keep]
+        seqs, last, pos, placed = seqs[keep_rows], last[keep_rows], pos[keep_rows], placed[keep_rows]
+        ended = ended[keep_rows]
+        prefix = prefix[keep_rows] if prefix is not None else None
+        cons = cons.select(keep)
+        per_row = [x[keep_rows] for x in per_row]
+        offsets = offsets[: keep.numel()]
+        b = keep.numel()
+        first_limit = int(max_lens.min())
+        state = model.select_rows(state, rows[keep_rows])
+    return hypotheses(out_scores, out_tokens, nbest)

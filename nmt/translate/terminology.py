@@ -1,0 +1,354 @@
+"""Glossaries and avoid-lists: which terms a line's translation must contain, and which it must not.
+
+A glossary is a list of entries `source term -> target term` (a TSV file for `nmt translate --glossary`,
+a JSON list for the server); a target equal to its source means "do not translate": copy it. An avoid
+list is target phrases never produced (`--avoid`). The search that obeys them is
+nmt.translate.constraints; this module turns text into its constraints:
+
+- Matching is on whole source words, case-insensitive, longest entry first, without overlaps: "New York
+  City" wins over "New York" where both match, and "cat" never matches inside "category".
+- A matched entry's target becomes a Constraint placed as often as it matched, written any of several
+  ways: its SentencePiece segmentation (with the word-start marker, as a word after a space), the same
+  without the marker (a word after a hyphen or a quote), and, where the match is the line's first word,
+  each of those capitalised (the target may begin the sentence).
+- An avoided phrase is banned in all those ways.
+
+Errors name the file and line, or the request's entry: a line without exactly one tab, an empty term, two
+entries for one source with different targets, a target that contains an avoided phrase, and a line whose
+terms cannot fit the model's output positions.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from nmt.config import Engine
+from nmt.errors import NmtError
+from nmt.subword import Subword
+from nmt.tokens import UNK
+from nmt.translate.constraints import Constraint, constrained_beam_search
+from nmt.translate.search import Hypothesis
+from nmt.translate.torch_engine import padded_prefixes, padded_sources
+
+WORD_START = "\u2581"  # SentencePiece's word-start marker
+
+
+@dataclass(frozen=True)
+class Entry:
+    source: str
+    target: str
+    where: str  # for errors: "glossary.tsv line 3", 'glossary[2]'
+
+
+class Glossary:
+    """Entries matched against lines: whole words, case-insensitive, longest first."""
+
+    def __init__(self, entries: list[Entry]):
+        seen: dict[str, Entry] = {}
+        for e in entries:
+            key = e.source.casefold()
+            if key in seen and seen[key].target != e.target:
+                first = seen[key]
+                raise NmtError(
+                    f"{e.where}: {e.source!r} -> {e.target!r} contradicts {first.where}: "
+                    f"{first.source!r} -> {first.target!r}"
+                )
+            seen.setdefault(key, e)
+        self.entries = list(seen.values())
+        self.by_key = seen
+        # Longest first: at one position the regex takes the first alternative that matches.
+        terms = sorted(seen, key=lambda s: (-len(s), s))
+        body = "|".join(re.escape(t).replace(r"\ ", r"\s+") for t in terms)
+        self.pattern = re.compile(rf"(?<!\w)(?:{body})(?!\w)", re.IGNORECASE) if terms else None
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def merged(self, extra: Glossary | None) -> Glossary:
+        """This glossary with `extra`'s entries, which win where both have one source."""
+        if extra is None or not len(extra):
+            return self
+        if not len(self):
+            return extra
+        keys = set(extra.by_key)
+        return Glossary([e for e in self.entries if e.source.casefold() not in keys] + extra.entries)
+
+    def matches(self, line: str) -> list[tuple[Entry, int]]:
+        """(entry, character offset) of each match in `line`, left to right, none overlapping."""
+        if self.pattern is None:
+            return []
+        return [
+            (self.by_key[" ".join(m.group().split()).casefold()], m.start())
+            for m in self.pattern.finditer(line)
+        ]
+
+
+def entry(source, target, where: str) -> Entry:
+    """One entry, checked: two non-empty terms without tabs or line breaks."""
+    for name, value in (("source", source), ("target", target)):
+        if not isinstance(value, str):
+            raise NmtError(f"{where}: the {name} term must be a string, got {type(value).__name__}")
+        if not value.strip():
+            raise NmtError(f"{where}: the {name} term is empty")
+        if any(c in value for c in "\t\n\r"):
+            raise NmtError(f"{where}: the {name} term holds a tab or a line break")
+    return Entry(" ".join(source.split()), target.strip(), where)
+
+
+def read_glossary(path: Path) -> Glossary:
+    """A TSV file: `source term<TAB>target term` a line; blank lines and lines starting with # skipped."""
+    entries = []
+    for number, line in enumerate(read_text(path, "glossary").split("\n"), 1):
+        line = line.removesuffix("\r")
+        if not line.strip() or line.startswith("#"):
+            continue
+        fields = line.split("\t")
+        where = f"{path} line {number}"
+        if len(fields) != 2:
+            raise NmtError(f"{where}: expected `source term<TAB>target term`, found {len(fields) - 1} tabs")
+        entries.append(entry(*fields, where))
+    return Glossary(entries)
+
+
+def glossary_of(items, where: str = "glossary") -> Glossary:
+    """A request's glossary: a list of {"source": ..., "target": ...}; errors name the entry."""
+    if not isinstance(items, list):
+        raise NmtError(f'"{where}" must be a list of {{"source": ..., "target": ...}}')
+    entries = []
+    for i, item in enumerate(items):
+        name = f'"{where}"[{i}]'
+        if not isinstance(item, dict) or set(item) != {"source", "target"}:
+            raise NmtError(f'{name}: expected {{"source": ..., "target": ...}}')
+        entries.append(entry(item["source"], item["target"], name))
+    return Glossary(entries)
+
+
+def read_avoid(path: Path) -> list[str]:
+    """Target phrases never produced, one a line; blank lines skipped."""
+    return [" ".join(line.split()) for line in read_text(path, "avoid list").split("\n") if line.strip()]
+
+
+def read_text(path: Path, what: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise NmtError(f"{path}: cannot read the {what}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        line = Path(path).read_bytes()[: e.start].count(b"\n") + 1
+        raise NmtError(f"{path} line {line}: not UTF-8") from None
+
+
+class Terminology:
+    """A glossary and an avoid list, encoded for one subword model: the constraints of each line."""
+
+    def __init__(
+        self, subword: Subword, max_positions: int, glossary: Glossary | None = None, avoid: list[str] = ()
+    ):
+        self.subword, self.glossary = subword, glossary or Glossary([])
+        self.max_output = max_positions - 1  # the tokens a translation can have at most
+        pieces = subword.pieces()
+        self.piece_ids = {p: i for i, p in enumerate(pieces)}
+        self.pieces = pieces
+        self.cache: dict[tuple[str, bool], tuple[tuple[int, ...], ...]] = {}
+        self.avoid_phrases = list(avoid)
+        self.avoid = sorted({v for phrase in avoid for v in self.variants(phrase, True)})
+        # pieces that continue a word (a letter or digit, no word-start marker): none may follow a term
+        self.glue = torch.tensor([p[:1].isalnum() for p in pieces], dtype=torch.bool)
+        self.check(self.glossary)
+
+    def check(self, glossary: Glossary | None) -> None:
+        """No entry may require what the avoid list forbids: an error names the first that does."""
+        for e in glossary.entries if glossary is not None else []:
+            target = f" {' '.join(e.target.split()).casefold()} "
+            for phrase in self.avoid_phrases:
+                if f" {phrase.casefold()} " in target:
+                    raise NmtError(
+                        f"{e.where}: the target {e.target!r} contains the avoided phrase {phrase!r}"
+                    )
+
+    def variants(self, target: str, capitalise: bool) -> tuple[tuple[int, ...], ...]:
+        """The ways a term is written in subwords: as a word after a space, the same without the
+        word-start marker, and (`capitalise`) each capitalised."""
+        key = (target, capitalise)
+        if key not in self.cache:
+            forms = [target]
+            if capitalise and target[:1] != target[:1].upper():
+                forms.append(target[:1].upper() + target[1:])
+            out: list[tuple[int, ...]] = []
+            for n, ids in enumerate(self.subword.encode_target(forms)):
+                if n and UNK in ids:  # a capital the vocabulary lacks: the form would force an unknown token
+                    continue
+                for v in (ids, self.without_word_start(ids)):
+                    if v and tuple(v) not in out:
+                        out.append(tuple(v))
+            self.cache[key] = tuple(out)
+        return self.cache[key]
+
+    def without_word_start(self, ids: list[int]) -> list[int] | None:
+        """The segmentation with the first piece's word-start marker dropped, where the vocabulary has it."""
+        if not ids:
+            return None
+        first = self.pieces[ids[0]]
+        if first == WORD_START:
+            return ids[1:]
+        if first.startswith(WORD_START) and (bare := self.piece_ids.get(first[1:])) is not None:
+            return [bare, *ids[1:]]
+        return None
+
+    def constraints(self, line: str, extra: Glossary | None = None) -> list[Constraint]:
+        """The constraints of one line: each matched entry, as often as it matched."""
+        glossary = self.glossary.merged(extra)
+        found = glossary.matches(line)
+        start = len(line) - len(line.lstrip(" \"'([¿¡"))
+        # one constraint per target, placed as often as it matched: two constraints sharing a way of writing
+        # would both be placed by one occurrence
+        counts: dict[str, tuple[int, bool, Entry]] = {}
+        for e, offset in found:
+            n, first, _ = counts.get(e.target, (0, False, e))
+            counts[e.target] = (n + 1, first or offset == start, e)
+        return self.checked(
+            [(Constraint(self.variants(t, first), n), e) for t, (n, first, e) in counts.items()]
+        )
+
+    def copies(self, spans: list[str], where: str = "kept span") -> list[Constraint]:
+        """Copy constraints: each span (text kept as it is, such as HTML translate="no") must appear
+        verbatim in the translation, as often as it is given."""
+        counts: dict[str, int] = {}
+        for s in spans:
+            if s.strip():
+                counts[s] = counts.get(s, 0) + 1
+        pairs = [
+            (Constraint(self.variants(s, False), n), entry(s, s, f"{where} {s!r}")) for s, n in counts.items()
+        ]
+        return self.checked(pairs)
+
+    def checked(self, pairs: list[tuple[Constraint, Entry]]) -> list[Constraint]:
+        """The constraints, unless their terms cannot all fit the model's output: an error names the entry
+        that does not fit."""
+        used = 0
+        for c, e in pairs:
+            used += c.count * c.shortest
+            if used > self.max_output:
+                raise NmtError(
+                    f"{e.where}: the term {e.target!r} does not fit: the line's terms take {used} subwords, "
+                    f"the model's output at most {self.max_output}"
+                )
+        return [c for c, _ in pairs]
+
+    def apply(
+        self, lines: dict[int, str], extra: Glossary | None = None, kept: dict[int, list[str]] | None = None
+    ) -> dict[int, list[Constraint]]:
+        """The constraints of the lines that have any (every line where there is an avoid list: it applies to
+        all of them), by line index. `extra`: a request's own glossary; `kept`: spans each line must copy."""
+        self.check(extra)
+        out = {}
+        for i, line in lines.items():
+            spans = kept.get(i) if kept else None
+            for span in spans or ():  # a kept span is copied, not matched against the glossary
+                line = line.replace(span, " " * len(span))
+            found = self.constraints(line, extra)
+            if spans:
+                found = found + self.copies(spans)
+            if found or self.avoid:
+                out[i] = found
+        return out
+
+    @property
+    def active(self) -> bool:
+        """Whether every line must be looked at: a glossary or an avoid list is given."""
+        return bool(len(self.glossary) or self.avoid)
+
+
+def search_constrained(
+    engine,
+    ids: list[list[int]],
+    constraints: list[list[Constraint]],
+    avoid: list[tuple[int, ...]],
+    prefixes: list[list[int]] | None = None,
+    nbest: int | None = None,
+    glue: torch.Tensor | None = None,
+) -> list[list[Hypothesis]]:
+    """engine.search's answer, under constraints: the PyTorch engine's model searched by
+    nmt.translate.constraints, with the engine's decode settings. Sentences no hypothesis could place
+    every term in are searched again without them (they get their best translation, not none)."""
+    d, model = engine.decode, engine.model
+    n = d.nbest if nbest is None else nbest
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            src, prefix = padded_sources(ids, engine.device), padded_prefixes(prefixes, engine.device)
+            found = constrained_beam_search(
+                model, src, constraints, d.beam, d.lenpen, d.max_len_a, d.max_len_b, n,
+                min_len=d.min_len, no_repeat_ngram=d.no_repeat_ngram_size, prefix=prefix,
+                avoid=[list(p) for p in avoid], glue=glue.to(engine.device) if glue is not None else None,
+            )  # fmt: skip
+    finally:
+        model.train(was_training)
+    missing = [i for i, hyps in enumerate(found) if not hyps]
+    if missing:
+        again = engine.search(
+            [ids[i] for i in missing], [prefixes[i] for i in missing] if prefixes else None, n
+        )
+        for i, hyps in zip(missing, again, strict=True):
+            found[i] = hyps
+    return found
+
+
+def check_engine(engine, decode) -> None:
+    """Glossaries and avoid lists need the PyTorch engine's beam search: one line says so otherwise."""
+    if getattr(engine, "name", None) is not Engine.TORCH:
+        raise NmtError("--engine ctranslate2 takes no glossary or avoid list; use --engine torch")
+    if decode.sampling:
+        raise NmtError("a glossary or avoid list works with beam search, not with --sampling")
+
+
+def search_terms(translator, results: list, sources: dict, forced: dict | None, nbest, constraints) -> None:
+    """The lines with terms (`constraints`, by line index) of a front end's search_sources: batched among
+    themselves (a batch of the usual budget, not a few lines beside the others) and searched under their
+    terms; their n-best written into `results` as search_sources writes the others'."""
+    from nmt.translate.frontend import one_line, rows_per_sentence, token_batches
+
+    engine, terms = translator.engine, translator.terminology
+    check_engine(engine, engine.decode)
+    keys = [i for i in sources if i in constraints]
+    d = engine.decode
+    rows = rows_per_sentence(d, nbest)
+    for batch in token_batches([len(sources[i]) + 1 for i in keys], d.batch_tokens, rows):
+        lines = [keys[j] for j in batch]
+        wanted = [forced.get(i, []) for i in lines] if forced else None
+        found = search_constrained(
+            engine, [sources[i] for i in lines], [constraints[i] for i in lines], terms.avoid, wanted, nbest,
+            terms.glue,
+        )  # fmt: skip
+        for i, hyps in zip(lines, found, strict=True):
+            texts = translator.subword.decode([h.tokens for h in hyps])
+            results[i] = [(one_line(text), h.score) for text, h in zip(texts, hyps, strict=True)]
+
+
+def server_terminology(translator) -> Terminology | None:
+    """What a server checks its requests against: the translator's own terminology (nmt serve
+    --glossary), or an empty one to which requests add theirs; None on an engine that takes none."""
+    if getattr(translator.engine, "name", None) is not Engine.TORCH or translator.decode.sampling:
+        return None
+    if translator.terminology is None:
+        translator.terminology = Terminology(translator.subword, translator.engine.max_positions)
+    return translator.terminology
+
+
+def attach_terminology(translator, glossary: Path | None = None, avoid: Path | None = None) -> None:
+    """Give a line translator (nmt.translate.frontend.LineTranslator) a glossary file and an avoid-list
+    file to obey; the CTranslate2 engine and sampling are refused in one line."""
+    if glossary is None and avoid is None:
+        return
+    check_engine(translator.engine, translator.decode)
+    translator.terminology = Terminology(
+        translator.subword,
+        translator.engine.max_positions,
+        read_glossary(glossary) if glossary is not None else None,
+        read_avoid(avoid) if avoid is not None else [],
+    )

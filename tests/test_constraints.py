@@ -1,0 +1,154 @@
+"""Constrained beam search (nmt.translate.constraints): its pure parts, and the search on a real random
+model, where every term must be placed exactly as often as required and avoided phrases never appear."""
+
+import math
+
+import pytest
+import torch
+
+from nmt.tokens import EOS
+from nmt.translate.constraints import (
+    Constraint,
+    advance,
+    allocate,
+    block_phrases,
+    constrained_beam_search,
+    constraint_batch,
+    constraint_tokens,
+    phrase_groups,
+)
+from nmt.translate.search import beam_search
+
+from .test_search import VOCAB, pad, random_model, random_sources
+
+pytestmark = [pytest.mark.numerics, pytest.mark.usefixtures("one_torch_thread")]
+
+
+def occurrences(tokens: list[int], term: tuple[int, ...]) -> int:
+    n = len(term)
+    return sum(tuple(tokens[i : i + n]) == term for i in range(len(tokens) - n + 1))
+
+
+def placed(tokens: list[int], constraint: Constraint) -> int:
+    """How often the term appears: occurrences of any alternative that do not overlap, each ending as
+    early as it can (which finds the most there are)."""
+    count, free = 0, 0  # free: the first position an occurrence may start at
+    for end in range(1, len(tokens) + 1):
+        if any(
+            end - len(a) >= free and tuple(tokens[end - len(a) : end]) == a for a in constraint.alternatives
+        ):
+            count, free = count + 1, end
+    return count
+
+
+def test_advance_places_a_term_once_and_starts_its_paths_over():
+    cons = constraint_batch([[Constraint(((7, 8), (9,)))]], torch.device("cpu"))
+    pos = torch.zeros(1, 2, dtype=torch.long)
+    done = torch.zeros(1, 2, dtype=torch.long)
+    for token, want_pos, want_placed in [(7, [1, 0], 0), (5, [0, 0], 0), (7, [1, 0], 0), (8, [0, 0], 1)]:
+        pos, done = advance(pos, done, torch.tensor([token]), cons.paths, cons.path_len, cons.owner)
+        assert pos.tolist() == [want_pos] and done[0, 0].item() == want_placed
+    pos, done = advance(pos, done, torch.tensor([9]), cons.paths, cons.path_len, cons.owner)
+    assert done[0, 0].item() == 2  # the other alternative places it again: the search forbids that token
+
+
+def test_constraint_tokens_are_every_id_a_term_may_use():
+    assert constraint_tokens([Constraint(((7, 8), (9, 8))), Constraint(((5,),), 2)]) == [5, 7, 8, 9]
+    assert constraint_tokens([]) == []
+
+
+def test_allocate_takes_the_best_of_each_bank_in_turn_most_advanced_first():
+    scores = torch.tensor([[-1.0, -2.0, -3.0, -4.0, -5.0, -math.inf]])
+    bank = torch.tensor([[0, 0, 0, 2, 1, 2]])
+    assert allocate(scores, bank, 5, 2).tolist() == [[3, 4, 0, 1, 2]]
+
+
+def test_block_phrases_forbids_the_token_that_would_complete_one():
+    lprobs = torch.zeros(2, 10)
+    history = torch.tensor([[4, 5], [5, 4]])
+    out = block_phrases(lprobs, history, phrase_groups([[5, 6], [4, 5, 7], [3]], torch.device("cpu")))
+    assert torch.isinf(out[0]).nonzero().squeeze(1).tolist() == [3, 6, 7]
+    assert torch.isinf(out[1]).nonzero().squeeze(1).tolist() == [3]
+
+
+def test_without_constraints_it_is_beam_search():
+    model, sources = random_model(5), random_sources(5, 6)
+    want = beam_search(model, pad(sources), 4, 0.6, 1.0, 6, nbest=2)
+    got = constrained_beam_search(model, pad(sources), [[] for _ in sources], 4, 0.6, 1.0, 6, nbest=2)
+    assert [[h.tokens for h in hs] for hs in got] == [[h.tokens for h in hs] for hs in want]
+    assert [[h.score for h in hs] for hs in got] == [[h.score for h in hs] for hs in want]
+
+
+def random_constraints(seed: int, n: int) -> list[list[Constraint]]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        terms = []
+        for _ in range(i % 3):  # 0, 1 or 2 terms
+            length = int(torch.randint(1, 4, (1,), generator=g))
+            # distinct tokens: the search follows a term token by token and, on a mismatch, starts it over
+            # at its first token only, which misses a term whose beginning repeats inside it
+            alt = tuple((torch.randperm(VOCAB - 4, generator=g)[:length] + 4).tolist())
+            # a second way to write it: another first token, as a term without its word-start marker
+            other = (next(w for w in range(4, VOCAB) if w not in alt), *alt[1:])
+            terms.append(Constraint((alt, other), count=1 + (i % 2)))
+        out.append(terms)
+    return out
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_every_term_is_placed_exactly_as_often_as_required(beam):
+    model, sources = random_model(6), random_sources(6, 8)
+    constraints = random_constraints(6, 8)
+    got = constrained_beam_search(model, pad(sources), constraints, beam, 0.6, 1.0, 3, nbest=1)
+    for hyps, terms in zip(got, constraints, strict=True):
+        assert hyps, "every term fits: the limit grows by their length"
+        tokens = hyps[0].tokens
+        for c in terms:
+            assert placed(tokens, c) == c.count, (tokens, c)
+        assert EOS not in tokens
+
+
+def test_a_sentence_translates_alike_alone_and_in_a_batch():
+    model, sources = random_model(8), random_sources(8, 6)
+    constraints = random_constraints(8, 6)
+    batched = constrained_beam_search(model, pad(sources), constraints, 3, 0.6, 1.0, 4, nbest=3)
+    for src, terms, hyps in zip(sources, constraints, batched, strict=True):
+        (alone,) = constrained_beam_search(model, pad([src]), [terms], 3, 0.6, 1.0, 4, nbest=3)
+        assert [h.tokens for h in hyps] == [h.tokens for h in alone]
+        assert [h.score for h in hyps] == pytest.approx([h.score for h in alone], rel=1e-9)
+
+
+def test_avoided_phrases_never_appear():
+    model, sources = random_model(5), random_sources(5, 6)
+    plain = beam_search(model, pad(sources), 4, 0.6, 1.0, 6)
+    # ban the commonest bigram and unigram of the unconstrained output
+    tokens = [w for hs in plain for w in hs[0].tokens]
+    bigrams = [tuple(tokens[i : i + 2]) for i in range(len(tokens) - 1)]
+    bigram = max(set(bigrams), key=bigrams.count)
+    unigram = max(set(tokens) - set(bigram), key=tokens.count)
+    avoid = [list(bigram), [unigram]]
+    got = constrained_beam_search(model, pad(sources), [[] for _ in sources], 4, 0.6, 1.0, 6, avoid=avoid)
+    assert any(occurrences(hs[0].tokens, bigram) for hs in plain)
+    for hs in got:
+        assert occurrences(hs[0].tokens, bigram) == 0 and unigram not in hs[0].tokens
+
+
+def test_no_glue_token_follows_a_term():
+    model, sources = random_model(6), random_sources(6, 8)
+    constraints = random_constraints(6, 8)
+    glue = torch.zeros(VOCAB, dtype=torch.bool)
+    glue[4:14] = True  # tokens that would continue the term's last word
+    got = constrained_beam_search(model, pad(sources), constraints, 4, 0.6, 1.0, 3, glue=glue)
+    followed = 0
+    for hyps, terms in zip(got, constraints, strict=True):
+        tokens = hyps[0].tokens
+        for c in terms:
+            assert placed(tokens, c) == c.count
+            for alt in c.alternatives:
+                n = len(alt)
+                for i in range(len(tokens) - n):
+                    if tuple(tokens[i : i + n]) == alt:
+                        followed += 1
+                        assert not glue[tokens[i + n]], (tokens, alt)
+    assert followed > 0

@@ -1,0 +1,202 @@
+"""Glossaries and avoid lists (nmt.translate.terminology): matching, files and their errors, and
+translation through the front end and `nmt translate`, where every matched term comes out exactly once and
+lines without a match come out as they would without a glossary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from nmt.cli import app
+from nmt.errors import NmtError
+from nmt.subword import train_sentencepiece
+from nmt.translate import Translator
+from nmt.translate.terminology import (
+    Glossary,
+    Terminology,
+    entry,
+    glossary_of,
+    read_glossary,
+)
+
+from .test_translate import checkpoint, out_lines, sentences  # noqa: F401 (checkpoint: a fixture)
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def glossary(*pairs: tuple[str, str]) -> Glossary:
+    return Glossary([entry(s, t, f"test[{i}]") for i, (s, t) in enumerate(pairs)])
+
+
+def test_matching_is_whole_words_any_case_longest_first_without_overlaps():
+    g = glossary(("new york", "NY"), ("new york city", "NYC"), ("cat", "Katze"), ("york", "Y"))
+    found = g.matches("In New  York City a cat, not a category; new york and YORK.")
+    assert [(e.target, offset) for e, offset in found] == [
+        ("NYC", 3),
+        ("Katze", 20),
+        ("NY", 41),
+        ("Y", 54),
+    ]
+    # terms that end in punctuation: a word may not continue right after them
+    assert [offset for _, offset in glossary(("C++", "C++")).matches("C++ or c++x")] == [0]
+    assert glossary().matches("anything") == []
+
+
+def test_glossary_files_and_fields_report_the_bad_entry(tmp_path):
+    path = tmp_path / "terms.tsv"
+    path.write_text("# a comment\n\ncat\tKatze\r\ndog\tHund\n")
+    assert [(e.source, e.target, e.where) for e in read_glossary(path).entries] == [
+        ("cat", "Katze", f"{path} line 3"),
+        ("dog", "Hund", f"{path} line 4"),
+    ]
+    for text, message in [
+        ("cat\tKatze\ndog Hund\n", "line 2: expected `source term<TAB>target term`, found 0 tabs"),
+        ("cat\tKatze\tx\n", "line 1: expected"),
+        ("cat\t \n", "line 1: the target term is empty"),
+        ("cat\tKatze\nCat\tKater\n", "line 2: 'Cat' -> 'Kater' contradicts"),
+    ]:
+        path.write_text(text)
+        with pytest.raises(NmtError, match=message):
+            read_glossary(path)
+    path.write_bytes(b"cat\tKatze\n\xff\tx\n")
+    with pytest.raises(NmtError, match="line 2: not UTF-8"):
+        read_glossary(path)
+    for items, message in [
+        ("cat", "must be a list"),
+        ([{"source": "cat"}], r'"glossary"\[0\]: expected'),
+        ([{"source": "cat", "target": "Katze"}, {"source": "dog", "target": 3}], r"\[1\]: the target term"),
+    ]:
+        with pytest.raises(NmtError, match=message):
+            glossary_of(items)
+
+
+@pytest.fixture(scope="module")
+def loaded(checkpoint):  # noqa: F811
+    from nmt.checkpoint import load_model
+
+    model, sub, cfg = load_model(checkpoint)
+    return model, sub, cfg
+
+
+def test_a_term_is_written_with_and_without_its_word_start_and_capitalised_first(loaded, tmp_path):
+    lines = sentences(400, 2)
+    sub = train_sentencepiece(lines + [line.capitalize() for line in lines], tmp_path / "spm", 90)
+    terms = Terminology(sub, 64, glossary(("bee", "honey bee")))
+    (first,) = terms.constraints("bee sting.")
+    (inside,) = terms.constraints("a bee.")
+    assert set(sub.decode([list(a) for a in first.alternatives])) == {"honey bee", "Honey bee"}
+    assert set(sub.decode([list(a) for a in inside.alternatives])) == {"honey bee"}
+    with_marker, without = inside.alternatives
+    assert list(with_marker) == sub.encode_target(["honey bee"])[0]
+    pieces = sub.pieces()
+    assert pieces[with_marker[0]] in ("\u2581" + pieces[without[0]], "\u2581")
+    assert len(first.alternatives) == 4
+    (twice,) = terms.constraints("bee and bee")
+    assert twice.count == 2
+    # a capital the vocabulary lacks is not a way to write the term: it would force an unknown token
+    _, lowercase, _ = loaded
+    (only,) = Terminology(lowercase, 64, glossary(("bee", "honey bee"))).constraints("bee sting.")
+    assert set(lowercase.decode([list(a) for a in only.alternatives])) == {"honey bee"}
+
+
+def test_impossible_requests_name_the_entry(loaded):
+    _, sub, _ = loaded
+    long = " ".join(["zqxj"] * 40)
+    terms = Terminology(sub, 64, glossary(("cat", long)))
+    with pytest.raises(NmtError, match=r"test\[0\]: the term .* does not fit"):
+        terms.constraints("a cat")
+    with pytest.raises(NmtError, match=r"test\[0\]: the target 'Hund' contains the avoided phrase 'hund'"):
+        Terminology(sub, 64, glossary(("dog", "Hund")), avoid=["hund"])
+
+
+def translator_with(loaded, terms: Glossary | None = None, avoid=()) -> Translator:
+    model, sub, cfg = loaded
+    translator = Translator(model, sub, cfg.decode, torch.device("cpu"))
+    if terms is not None or avoid:
+        translator.terminology = Terminology(sub, 64, terms, list(avoid))
+    return translator
+
+
+@pytest.mark.numerics
+def test_terms_come_out_once_and_other_lines_as_without_a_glossary(loaded):
+    lines = sentences(12, 3)
+    word = lines[4].split()[0]
+    lines[7] = f"{word} {lines[7]}"
+    plain = translator_with(loaded).translate(lines)
+    terms = glossary((word, "zebra crossing"))
+    got = translator_with(loaded, terms).translate(lines)
+    matched = [i for i, line in enumerate(lines) if terms.matches(line)]
+    assert 4 in matched and 7 in matched and len(matched) < len(lines)
+    for i, (line, a, b) in enumerate(zip(lines, plain, got, strict=True)):
+        if i in matched:
+            n = len(terms.matches(line))
+            assert b.casefold().count("zebra crossing") == n, (line, b)
+        else:
+            assert b == a  # the same bytes, in the same batches
+    # alone or among others, a line translates alike
+    assert translator_with(loaded, terms).translate([lines[7]]) == [got[7]]
+
+
+@pytest.mark.numerics
+def test_avoided_phrases_never_appear(loaded):
+    lines = sentences(10, 5)
+    plain = translator_with(loaded).translate(lines)
+    words = [w for line in plain for w in line.split()]
+    common = max(set(words), key=words.count)
+    assert words.count(common) > 1
+    got = translator_with(loaded, avoid=[common]).translate(lines)
+    assert all(common not in line.split() for line in got)
+
+
+def invoke(*args: str, stdin: bytes = b""):
+    return CliRunner().invoke(app, ["translate", *args], input=stdin)
+
+
+@pytest.mark.numerics
+def test_the_command_line_obeys_a_glossary_and_an_avoid_list(checkpoint, tmp_path):  # noqa: F811
+    lines = sentences(6, 11)
+    word = lines[2].split()[-1].rstrip(".!?,")
+    stdin = ("\n".join(lines) + "\n").encode()
+    plain = invoke("-m", str(checkpoint), stdin=stdin)
+    assert plain.exit_code == 0, plain.output
+    terms = tmp_path / "terms.tsv"
+    terms.write_text(f"{word}\tzebra\n")
+    result = invoke("-m", str(checkpoint), "--glossary", str(terms), stdin=stdin)
+    assert result.exit_code == 0, result.output
+    before, after = out_lines(plain.stdout_bytes), out_lines(result.stdout_bytes)
+    for line, a, b in zip(lines, before, after, strict=True):
+        matches = glossary((word, "zebra")).matches(line)
+        assert b.count("zebra") == len(matches) if matches else b == a
+    avoid = tmp_path / "avoid.txt"
+    banned = before[0].split()[0]
+    avoid.write_text(f"{banned}\n")
+    result = invoke("-m", str(checkpoint), "--avoid", str(avoid), stdin=stdin)
+    assert result.exit_code == 0, result.output
+    assert all(banned not in line.split() for line in out_lines(result.stdout_bytes))
+
+
+def test_a_bad_glossary_line_exits_2_naming_file_and_line(checkpoint, tmp_path):  # noqa: F811
+    terms = tmp_path / "terms.tsv"
+    terms.write_text("cat\tKatze\nno tab here\n")
+    result = invoke("-m", str(checkpoint), "--glossary", str(terms), stdin=b"a cat\n")
+    assert result.exit_code == 2 and "Traceback" not in result.output and result.stdout == ""
+    assert f"{terms} line 2: expected" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    missing = invoke("-m", str(checkpoint), "--avoid", str(tmp_path / "none.txt"), stdin=b"a\n")
+    assert missing.exit_code == 2 and "none.txt: cannot read the avoid list" in missing.stderr
+    sampled = invoke("-m", str(checkpoint), "--glossary", str(Path(terms)), "--sampling", stdin=b"a\n")
+    assert sampled.exit_code == 2 and "not with --sampling" in sampled.stderr
+
+
+def test_the_ctranslate2_engine_and_sampling_refuse_a_glossary_in_one_line(loaded):
+    from types import SimpleNamespace
+
+    from nmt.config import Engine
+    from nmt.translate.terminology import check_engine
+
+    _, _, cfg = loaded
+    with pytest.raises(NmtError, match="--engine ctranslate2 takes no glossary"):
+        check_engine(SimpleNamespace(name=Engine.CTRANSLATE2), cfg.decode)
+    check_engine(SimpleNamespace(name=Engine.TORCH), cfg.decode)
