@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from nmt.atomic import atomic_folder, check_replaceable
+from nmt.atomic import atomic_folder, check_replaceable, refuse_inputs
 from nmt.checkpoint import load_checkpoint, save_checkpoint
 from nmt.config import DecodeConfig, ModelConfig, config_from_dict, config_to_dict
 from nmt.errors import CheckpointError, NmtError
@@ -234,6 +234,7 @@ def import_marian(
         raise NmtError(
             f"{folder}: no such folder (a MarianMT model folder holds config.json, vocab.json, ...)"
         )
+    refuse_inputs(output, [folder])  # `-o FOLDER/model.safetensors` would replace what is read
     hf = read_json(folder / "config.json")
     model_cfg = model_config(hf, folder / "config.json")
     meta = read_json(folder / META_FILE) if (folder / META_FILE).is_file() else {}

@@ -17,9 +17,10 @@ from typing import BinaryIO
 
 from rich.console import Console
 
+from nmt.atomic import STDIN, refuse_inputs
 from nmt.config import DecodeOverrides, Engine, Precision
 from nmt.errors import NmtError
-from nmt.output import output_stream, refuse_input_as_output, stdout, write_failed
+from nmt.output import output_stream, stdout, write_failed
 from nmt.progress import Progress, count_lines
 from nmt.translate.builder import build_translator
 
@@ -117,7 +118,9 @@ def translate_stream(
     input line. `prefix` is a file of target prefixes, one per input line.
     """
     # Before anything is opened for writing: an output that is an input would be emptied before it is read.
-    refuse_input_as_output(output, [input, prefix])
+    # Standard input counts only when it is read: `-i in.en -o F < F` destroys nothing.
+    models = model_path if isinstance(model_path, list) else [model_path]
+    refuse_inputs(output, [*models, STDIN if input is None else input, prefix])
     if output is None:
         stdout()  # a closed standard output is one line now, not after the model has loaded
     built = build_translator(model_path, overrides, device, dtype, engine, console)
