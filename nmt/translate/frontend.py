@@ -11,6 +11,7 @@ the model. Reading and writing files is nmt.translate.stream's; warnings go to t
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -108,12 +109,17 @@ class LineTranslator:
         return [nbest[0][0] for nbest in self.translate_nbest(lines, prefixes=prefixes)]
 
     def translate_nbest(
-        self, lines: list[str], first_line: int = 1, prefixes: list[str] | None = None
+        self,
+        lines: list[str],
+        first_line: int = 1,
+        prefixes: list[str] | None = None,
+        on_batch: Callable[[int], None] | None = None,
     ) -> list[list[tuple[str, float]]]:
         """Up to decode.nbest (text, score) pairs per line, best first; a blank line gives [("", 0.0)].
 
         `first_line` numbers the lines in warnings (a stream passes the line number of lines[0]).
         `prefixes`, one per line ("" for none), are target text each translation must begin with.
+        `on_batch(n)` is told after each batch how many lines it translated (a progress display).
         """
         sources = self.encode(lines, first_line).sources
         forced: dict[int, list[int]] = {}
@@ -121,7 +127,7 @@ class LineTranslator:
             keys = [i for i in sources if prefixes[i].strip()]
             for i, ids in zip(keys, self.subword.encode_target([prefixes[i] for i in keys]), strict=True):
                 forced[i] = ids[: self.max_source]
-        return self.search_sources(len(lines), sources, forced)
+        return self.search_sources(len(lines), sources, forced, on_batch=on_batch)
 
     def encode(self, lines: list[str], first_line: int = 1) -> Encoded:
         """The lines cleaned, cut, encoded and truncated, each cut line with a warning (`first_line`
@@ -148,6 +154,7 @@ class LineTranslator:
         sources: dict[int, list[int]],
         forced: dict[int, list[int]] | None = None,
         nbest: int | None = None,
+        on_batch: Callable[[int], None] | None = None,
     ) -> list[list[tuple[str, float]]]:
         """The n-best of `count` lines whose subword ids (as `encode` gives them) are `sources[i]`.
 
@@ -167,6 +174,8 @@ class LineTranslator:
             ):
                 texts = self.subword.decode([h.tokens for h in hyps])
                 results[i] = [(one_line(text), h.score) for text, h in zip(texts, hyps, strict=True)]
+            if on_batch is not None:
+                on_batch(len(lines))
         return results
 
     def clean(self, lines: list[str], first_line: int) -> list[str]:

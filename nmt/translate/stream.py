@@ -142,11 +142,14 @@ def translate_stream(
                         done + 1,
                         console,
                     )
-                results = translator.translate_nbest(lines, first_line=done + 1, prefixes=wanted)
+                before = progress.done  # advanced per batch, so a long chunk still moves the display
+                results = translator.translate_nbest(
+                    lines, first_line=done + 1, prefixes=wanted, on_batch=progress.advance
+                )
                 sink.write(format_lines(results, done, scored=scored or decode.nbest > 1))
                 sink.flush()
                 done += len(chunk)
-                progress.advance(len(chunk))
+                progress.advance(len(chunk) - (progress.done - before))  # the blank lines, not searched
     except OSError as e:  # the results' destination failed: a full disk, a reader gone (`| head`)
         problem = write_failed(e, str(output) if output is not None else "standard output")
         if problem is None:
