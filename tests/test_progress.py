@@ -122,3 +122,25 @@ def test_translation_progress_moves_per_batch_not_per_chunk(tmp_path, monkeypatc
     counts = [int(m[1].replace(",", "")) for m in re.finditer(r"([\d,]+) of 200 lines", buffer.getvalue())]
     assert len(counts) > 5, buffer.getvalue()  # many batches of about 10 lines each
     assert counts == sorted(counts) and counts[-1] == lines
+
+
+def test_a_training_log_gets_whole_lines_never_a_cut_live_line():
+    """Rich prints its live line once at the end in a log, cut to the width with ellipses: a log that is
+    not a terminal gets only whole plain lines."""
+    from nmt.train.monitor import ProgressDisplay
+    from nmt.train.resume import TrainProgress
+
+    from .synthetic import make_config
+
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=40)  # narrower than any line
+    record = {"step": 10, "loss": 3.25, "ppl": 25.8, "lr": 1e-3, "tokens_per_s": 12345.0, "elapsed": 5.0}
+    with ProgressDisplay(console, make_config(), TrainProgress()) as display:
+        display.update(record)
+        display.validation({**record, "bleu": 12.5})
+    text = buffer.getvalue()
+    assert "…" not in text and "..." not in text, text
+    assert text.splitlines() == [
+        "step 10: loss 3.250 ppl 25.80 lr 1.00e-03 12,345 tok/s",
+        "step 10: valid loss 3.250 ppl 25.80 BLEU 12.50",
+    ]
