@@ -234,3 +234,22 @@ def test_a_device_or_a_fifo_is_written_in_place_never_replaced(model, tmp_path):
     written = got.read_bytes()
     assert written.startswith(b"PK") and len(written) > 10_000  # a whole checkpoint (a zip) went through
     assert fifo.is_fifo()
+
+
+@pytest.mark.parametrize("stop", ["SIGTERM", "full disk"])
+def test_preprocess_leaves_no_part_file_when_stopped_or_out_of_space(tmp_path, stop):
+    import errno
+
+    from nmt.data.binarized import write_split
+    from nmt.errors import OutputError, Signalled
+
+    def source():
+        yield [5, 6, 7]
+        if stop == "full disk":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        raise Signalled(signal.SIGTERM)
+
+    raised = OutputError if stop == "full disk" else Signalled
+    with pytest.raises(raised):
+        write_split(tmp_path / "train", source(), iter([[5], [6]]), vocab_size=64)
+    assert listing(tmp_path) == []
