@@ -14,6 +14,7 @@ import errno
 import re
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Annotated
 
@@ -74,8 +75,8 @@ class Commands(HelpShowsValues, TyperGroup):
     """The one boundary where library errors become a red line on stderr and exit status 2."""
 
     def invoke(self, ctx):
+        previous = raise_on_signals()
         try:
-            raise_on_signals()
             result = super().invoke(ctx)
             if sys.stdout is not None:
                 sys.stdout.flush()  # here, so a full disk is reported in one line, not by the interpreter
@@ -106,21 +107,32 @@ class Commands(HelpShowsValues, TyperGroup):
         except NmtError as e:
             err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
             raise typer.Exit(e.exit_code) from None
+        finally:
+            for s, handler in previous.items():  # a caller in the same process (a test) gets its own back
+                if handler is not None:  # None: set outside Python, which cannot be put back
+                    signal.signal(s, handler)
 
 
-def raise_on_signals() -> None:
+def raise_on_signals() -> dict:
     """SIGTERM and SIGHUP raise Signalled wherever the command is, as Ctrl-C raises KeyboardInterrupt, so
     every `finally` on the way out runs: a temporary output file is removed, not left behind by the
     default action (the process ending at once). Training puts its own handler in place while it runs
-    (nmt.train.stopping: save, then stop) and the server its own (graceful shutdown)."""
+    (nmt.train.stopping: save, then stop) and the server its own (graceful shutdown).
+
+    Returns the handlers it replaced. Only the main thread may set handlers: elsewhere, nothing.
+    """
 
     def handle(signum, _frame):
         raise Signalled(signum)
 
+    previous = {}
+    if threading.current_thread() is not threading.main_thread():
+        return previous
     for s in (signal.SIGTERM, signal.SIGHUP):
         # An ignored signal stays ignored: `nohup` ignores SIGHUP so that the work goes on.
         if signal.getsignal(s) is not signal.SIG_IGN:
-            signal.signal(s, handle)
+            previous[s] = signal.signal(s, handle)
+    return previous
 
 
 app = typer.Typer(

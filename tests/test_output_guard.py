@@ -253,3 +253,10 @@ def test_preprocess_leaves_no_part_file_when_stopped_or_out_of_space(tmp_path, s
     with pytest.raises(raised):
         write_split(tmp_path / "train", source(), iter([[5], [6]]), vocab_size=64)
     assert listing(tmp_path) == []
+
+
+def test_the_command_line_gives_back_the_signal_handlers_it_found(model, tmp_path):
+    """A program that calls the CLI in its own process (a test runner, a notebook) keeps its own SIGTERM."""
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)
+    assert cli("average", model, model, "-o", tmp_path / "avg.pt").returncode == 0
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)) == before
