@@ -26,7 +26,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from nmt.atomic import atomic_write
+from nmt.atomic import atomic_write, refuse_inputs
 from nmt.config import Config, config_from_dict, config_to_dict
 from nmt.errors import CheckpointError, ConfigError, DataError
 from nmt.subword import Subword
@@ -238,6 +238,7 @@ def average_checkpoints(paths: list[Path], output: Path) -> None:
     and the same weight names, shapes and types (each file's own checks, on loading, rule out damage
     and non-finite weights); anything else is a CheckpointError naming the file.
     """
+    refuse_inputs(output, paths)  # before the work: `-o b.pt` would replace an input
     total: dict[str, Tensor] | None = None
     first = last = None
     for path in paths:

@@ -14,6 +14,7 @@ import errno
 import re
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Annotated
 
@@ -23,7 +24,7 @@ from rich.markup import escape
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from nmt.config import Engine, Precision
-from nmt.errors import Interrupted, NmtError
+from nmt.errors import Interrupted, NmtError, Signalled
 from nmt.formats import FORMATS
 from nmt.output import write_failed
 
@@ -74,6 +75,7 @@ class Commands(HelpShowsValues, TyperGroup):
     """The one boundary where library errors become a red line on stderr and exit status 2."""
 
     def invoke(self, ctx):
+        previous = raise_on_signals()
         try:
             result = super().invoke(ctx)
             if sys.stdout is not None:
@@ -96,12 +98,41 @@ class Commands(HelpShowsValues, TyperGroup):
             # nothing half-written was left behind.
             err.print("[yellow]interrupted[/]", highlight=False)
             raise typer.Exit(128 + signal.SIGINT) from None
+        except Signalled as e:  # SIGTERM/SIGHUP (nohup, a scheduler, a closed terminal) outside training
+            err.print(f"[yellow]{escape(str(e))}[/]", highlight=False)
+            raise typer.Exit(e.exit_code) from None
         except Interrupted as e:  # not a mistake: the work was saved and the same command continues it
             err.print(f"[yellow]{escape(str(e))}[/]", highlight=False, soft_wrap=True)
             raise typer.Exit(e.exit_code) from None
         except NmtError as e:
             err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
             raise typer.Exit(e.exit_code) from None
+        finally:
+            for s, handler in previous.items():  # a caller in the same process (a test) gets its own back
+                if handler is not None:  # None: set outside Python, which cannot be put back
+                    signal.signal(s, handler)
+
+
+def raise_on_signals() -> dict:
+    """SIGTERM and SIGHUP raise Signalled wherever the command is, as Ctrl-C raises KeyboardInterrupt, so
+    every `finally` on the way out runs: a temporary output file is removed, not left behind by the
+    default action (the process ending at once). Training puts its own handler in place while it runs
+    (nmt.train.stopping: save, then stop) and the server its own (graceful shutdown).
+
+    Returns the handlers it replaced. Only the main thread may set handlers: elsewhere, nothing.
+    """
+
+    def handle(signum, _frame):
+        raise Signalled(signum)
+
+    previous = {}
+    if threading.current_thread() is not threading.main_thread():
+        return previous
+    for s in (signal.SIGTERM, signal.SIGHUP):
+        # An ignored signal stays ignored: `nohup` ignores SIGHUP so that the work goes on.
+        if signal.getsignal(s) is not signal.SIG_IGN:
+            previous[s] = signal.signal(s, handle)
+    return previous
 
 
 app = typer.Typer(
@@ -209,9 +240,14 @@ def _overrides(overrides: list[str] | None, init_from: Path | None) -> list[str]
 
 
 def _workdir(recipe: str, workdir: Path | None) -> Path:
+    from nmt.atomic import refuse_inputs
     from nmt.config import resolve_recipe
 
-    return workdir if workdir is not None else Path("runs") / resolve_recipe(recipe).stem
+    path = resolve_recipe(recipe)
+    workdir = workdir if workdir is not None else Path("runs") / path.stem
+    for written in ("data", "checkpoints"):  # the folders a run writes into: the recipe is not theirs
+        refuse_inputs(workdir / written, [path], "--workdir")
+    return workdir
 
 
 @app.command(cls=Command)

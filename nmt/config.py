@@ -65,6 +65,20 @@ class DataConfig:
     init_from: str | None = None
 
 
+# The largest model nmt builds, in each dimension (a recipe, a checkpoint, an imported config.json):
+# far beyond any published translation model, yet small enough that a wrong number (1e9 positions, a
+# 10^10-entry vocabulary) is an error naming the key, not an allocation of many gigabytes.
+MODEL_LIMITS = {
+    "encoder_layers": 64,
+    "decoder_layers": 64,
+    "d_model": 16_384,
+    "d_ff": 65_536,
+    "heads": 256,
+    "max_positions": 65_536,
+    "vocab_size": 1_000_000,
+}
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Sizes of the Transformer (paper, Table 3). The vocabulary size comes from the trained subwords."""
@@ -437,10 +451,13 @@ def _check(cfg: Config, source: str, corpora: bool = True) -> None:
         if not ok:
             raise ConfigError(f"{source}: {key}: {why}")
 
-    need(m.d_model % m.heads == 0, "model.heads", f"d_model {m.d_model} is not divisible by {m.heads} heads")
-    need(m.d_model % 2 == 0, "model.d_model", "must be even for sinusoidal positions")
+    # Each value is checked before any arithmetic is done with it: positive before `d_model % heads`.
     for key in ("encoder_layers", "decoder_layers", "d_model", "d_ff", "heads", "max_positions"):
         need(getattr(m, key) > 0, f"model.{key}", "must be positive")
+        limit = MODEL_LIMITS[key]
+        need(getattr(m, key) <= limit, f"model.{key}", f"must be at most {limit:,}, got {getattr(m, key):,}")
+    need(m.d_model % m.heads == 0, "model.heads", f"d_model {m.d_model} is not divisible by {m.heads} heads")
+    need(m.d_model % 2 == 0, "model.d_model", "must be even for sinusoidal positions")
     for key in ("dropout", "attention_dropout", "activation_dropout"):
         need(0.0 <= getattr(m, key) < 1.0, f"model.{key}", "must be in [0, 1)")
     for key in ("batch_tokens", "update_tokens", "max_steps", "warmup", "log_every", "validate_every"):
@@ -448,7 +465,7 @@ def _check(cfg: Config, source: str, corpora: bool = True) -> None:
     for key in ("save_every", "keep_last", "average_last", "max_nonfinite"):
         need(getattr(t, key) > 0, f"train.{key}", "must be positive")
     need(0.0 <= t.label_smoothing < 1.0, "train.label_smoothing", "must be in [0, 1)")
-    need(t.peak_lr is None or t.peak_lr > 0, "train.peak_lr", "must be positive")
+    need(t.peak_lr is None or 0 < t.peak_lr < math.inf, "train.peak_lr", "must be a positive number")
     need(t.max_minutes is None or t.max_minutes > 0, "train.max_minutes", "must be positive")
     need(0.0 <= t.cooldown <= 1.0, "train.cooldown", "must be in [0, 1]")
     need(
@@ -458,11 +475,11 @@ def _check(cfg: Config, source: str, corpora: bool = True) -> None:
     )
     _check_decode(d, lambda ok, name, why: need(ok, f"decode.{name}", why), lambda name: f"decode.{name}")
     for key in ("lr_scale", "adam_eps"):
-        need(getattr(t, key) > 0, f"train.{key}", "must be positive")
+        need(0 < getattr(t, key) < math.inf, f"train.{key}", "must be a positive number")
     for key in ("adam_beta1", "adam_beta2"):
         need(0.0 <= getattr(t, key) < 1.0, f"train.{key}", "must be in [0, 1)")
     for key in ("weight_decay", "clip_norm"):
-        need(getattr(t, key) >= 0, f"train.{key}", "must be 0 or more")
+        need(0 <= getattr(t, key) < math.inf, f"train.{key}", "must be 0 or more")
     need(t.patience >= 0, "train.patience", "must be 0 (off) or more")
     need(t.threads is None or t.threads > 0, "train.threads", "must be positive")
     need(0.0 < data.character_coverage <= 1.0, "data.character_coverage", "must be in (0, 1]")
@@ -471,6 +488,8 @@ def _check(cfg: Config, source: str, corpora: bool = True) -> None:
     need(data.min_words >= 0, "data.min_words", "must be 0 or more")
     need(data.max_words >= data.min_words, "data.max_words", "must be at least data.min_words")
     need(data.vocab_size >= 16, "data.vocab_size", "must be at least 16")
+    limit = MODEL_LIMITS["vocab_size"]
+    need(data.vocab_size <= limit, "data.vocab_size", f"must be at most {limit:,}, got {data.vocab_size:,}")
     need(data.src_lang != data.tgt_lang, "data.tgt_lang", "must differ from data.src_lang")
     need(len(data.train) > 0 or not corpora, "data.train", "names no corpus")
     need(len(data.valid) > 0 or not corpora, "data.valid", "names no corpus")

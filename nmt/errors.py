@@ -36,3 +36,24 @@ class OutputError(NmtError):
     as Unix tools report a write error."""
 
     exit_code = 1
+
+
+class Signalled(BaseException):  # noqa: N818 (a signal, like KeyboardInterrupt, not an error)
+    """SIGTERM or SIGHUP outside training, raised where the program is at that moment so that every
+    `finally` and `except BaseException` on the way out runs (temporary files removed, nothing half
+    written). A BaseException, as KeyboardInterrupt, so that no `except Exception` swallows it; the exit
+    status is 128 + the signal's number, as a shell reports a process the signal killed."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"stopped by {signal_name(signum)}")
+        self.signum = int(signum)
+        self.exit_code = 128 + int(signum)
+
+
+def signal_name(signum: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"

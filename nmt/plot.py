@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nmt.atomic import atomic_write
+from nmt.atomic import atomic_write, refuse_inputs
 from nmt.errors import DataError, NmtError
 
 
@@ -73,7 +73,9 @@ def plot(workdir: Path, output: Path | None = None) -> Path:
 
     Writes the PNG atomically (default WORKDIR/curves.png) and returns its path.
     """
-    curves = read_metrics(Path(workdir) / "metrics.jsonl")
+    metrics = Path(workdir) / "metrics.jsonl"
+    refuse_inputs(output, [metrics])
+    curves = read_metrics(metrics)
     try:
         from matplotlib.figure import Figure
     except ImportError:

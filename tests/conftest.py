@@ -59,3 +59,12 @@ def synthetic_run(tmp_path_factory) -> Path:
     )
     train(cfg, workdir)
     return workdir
+
+
+try:  # Hostile inputs (tests/test_hostile.py): bounded examples, so the suite stays fast on 2 cores
+    from hypothesis import settings
+
+    settings.register_profile("nmt", max_examples=25, deadline=None, derandomize=True)
+    settings.load_profile("nmt")
+except ImportError:  # hypothesis is in the dev extra; without it those tests skip
+    pass

@@ -7,12 +7,13 @@ import errno
 import pytest
 
 from nmt.atomic import atomic_write, link_or_copy, write_text
+from nmt.errors import OutputError
 
 
 def test_a_write_that_fails_midway_leaves_the_old_file_and_no_temporary(tmp_path):
     target = tmp_path / "results.json"
     write_text(target, "old\n")
-    with pytest.raises(OSError), atomic_write(target, "w", encoding="utf-8") as f:
+    with pytest.raises(OutputError, match="No space left"), atomic_write(target, "w", encoding="utf-8") as f:
         f.write("half of the new")
         raise OSError(errno.ENOSPC, "No space left on device")
     assert target.read_text() == "old\n"

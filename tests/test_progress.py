@@ -99,3 +99,48 @@ def test_preprocess_in_a_log_prints_counts_of_cleaning_and_binarizing(tmp_path, 
         assert f"clean corpus: {count} of 25,000 lines" in err, err
     assert "encode and binarize train: 20,000 of 25,000 lines (80%)" in err, err
     assert "encode and binarize train: 25,000 of 25,000 lines (100%)" in err, err
+
+
+def test_translation_progress_moves_per_batch_not_per_chunk(tmp_path, monkeypatch):
+    """A chunk of lines is many batches: a log (or the bar's rate and ETA) hears of each one, not only of
+    the whole chunk minutes later."""
+    from nmt.config import DecodeOverrides
+    from nmt.translate.stream import CHUNK_LINES, translate_stream
+    from nmt.untrained import save_random_model
+
+    from .synthetic import make_config, make_subword
+
+    monkeypatch.setenv("NMT_PROGRESS_EVERY", "0")
+    model = save_random_model(tmp_path / "m.pt", make_config(), make_subword(tmp_path / "spm"))
+    src = tmp_path / "in.xx"
+    lines = 200
+    assert lines < CHUNK_LINES  # one chunk
+    src.write_text("a b c d\n" * (lines - 2) + "\n\n")  # two blank lines: never searched, still counted
+    console, buffer = log_console()
+    overrides = DecodeOverrides.given(beam=1, max_len_b=1, batch_tokens=64)
+    translate_stream(model, src, tmp_path / "out.txt", overrides, "cpu", "fp32", False, console)
+    counts = [int(m[1].replace(",", "")) for m in re.finditer(r"([\d,]+) of 200 lines", buffer.getvalue())]
+    assert len(counts) > 5, buffer.getvalue()  # many batches of about 10 lines each
+    assert counts == sorted(counts) and counts[-1] == lines
+
+
+def test_a_training_log_gets_whole_lines_never_a_cut_live_line():
+    """Rich prints its live line once at the end in a log, cut to the width with ellipses: a log that is
+    not a terminal gets only whole plain lines."""
+    from nmt.train.monitor import ProgressDisplay
+    from nmt.train.resume import TrainProgress
+
+    from .synthetic import make_config
+
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=40)  # narrower than any line
+    record = {"step": 10, "loss": 3.25, "ppl": 25.8, "lr": 1e-3, "tokens_per_s": 12345.0, "elapsed": 5.0}
+    with ProgressDisplay(console, make_config(), TrainProgress()) as display:
+        display.update(record)
+        display.validation({**record, "bleu": 12.5})
+    text = buffer.getvalue()
+    assert "…" not in text and "..." not in text, text
+    assert text.splitlines() == [
+        "step 10: loss 3.250 ppl 25.80 lr 1.00e-03 12,345 tok/s",
+        "step 10: valid loss 3.250 ppl 25.80 BLEU 12.50",
+    ]

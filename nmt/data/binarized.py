@@ -9,6 +9,7 @@ shared between data-loader workers and ranks through the page cache.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from array import array
 from collections.abc import Iterable
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from nmt.atomic import WRITE_ERRNOS, reported
 from nmt.errors import DataError
 
 MAGIC = 0x4E4D5442494E  # "NMTBIN"
@@ -36,19 +38,24 @@ def write_split(
     """
     code = 1 if vocab_size is not None and vocab_size <= 1 << 16 else 2
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    sides = [_SideWriter(prefix, side, code) for side in ("src", "tgt")]
-    n = 0
-    try:
-        for s, t in zip(src, tgt, strict=True):
-            sides[0].add(s)
-            sides[1].add(t)
-            n += 1
-    except ValueError:
-        for w in sides:
-            w.abort()
-        raise ValueError(f"{prefix}: source and target sequences differ in number") from None
-    for w in sides:
-        w.close()
+    with reported(prefix, WRITE_ERRNOS):  # a full disk: one line naming the split
+        sides = [_SideWriter(prefix, side, code) for side in ("src", "tgt")]
+        n = 0
+        try:
+            for s, t in zip(src, tgt, strict=True):
+                sides[0].add(s)
+                sides[1].add(t)
+                n += 1
+            for w in sides:
+                w.close()
+        except ValueError:
+            for w in sides:
+                w.abort()
+            raise ValueError(f"{prefix}: source and target sequences differ in number") from None
+        except BaseException:  # Ctrl-C, SIGTERM, a full disk: no .part file left behind
+            for w in sides:
+                w.abort()
+            raise
     for w in sides:
         w.commit()
     return n
@@ -92,7 +99,8 @@ class _SideWriter:
         os.replace(self.idx_part, self.idx)
 
     def abort(self) -> None:
-        self.out.close()
+        with contextlib.suppress(OSError):  # its buffer cannot be flushed on a full disk
+            self.out.close()
         self.bin_part.unlink(missing_ok=True)
         self.idx_part.unlink(missing_ok=True)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from nmt.atomic import refuse_inputs
 from nmt.errors import NmtError
 from nmt.formats import FORMATS
 
@@ -17,6 +18,7 @@ def export(model_path: Path, output: Path, fmt: str = "ctranslate2", force: bool
     """
     if fmt not in FORMATS:
         raise NmtError(f"--format {fmt}: expected one of {', '.join(FORMATS)}")
+    refuse_inputs(output, [model_path])  # -o the model itself, or a folder that holds it
     if fmt == "huggingface":
         from nmt.formats.huggingface import export_marian
 

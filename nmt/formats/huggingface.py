@@ -36,11 +36,11 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from nmt.atomic import atomic_folder, check_replaceable
+from nmt.atomic import atomic_folder, check_replaceable, refuse_inputs
 from nmt.checkpoint import load_checkpoint, save_checkpoint
 from nmt.config import DecodeConfig, ModelConfig, config_from_dict, config_to_dict
 from nmt.errors import CheckpointError, NmtError
-from nmt.formats import META_FILE
+from nmt.formats import META_FILE, validate
 from nmt.model import sinusoidal_positions
 from nmt.subword import Subword
 from nmt.tokens import BOS, EOS, PAD, UNK
@@ -234,11 +234,17 @@ def import_marian(
         raise NmtError(
             f"{folder}: no such folder (a MarianMT model folder holds config.json, vocab.json, ...)"
         )
+    refuse_inputs(output, [folder])  # `-o FOLDER/model.safetensors` would replace what is read
     hf = read_json(folder / "config.json")
+    validate.check_config(hf, folder / "config.json")  # every size bounded before anything is built
     model_cfg = model_config(hf, folder / "config.json")
     meta = read_json(folder / META_FILE) if (folder / META_FILE).is_file() else {}
+    validate.check_meta(meta, folder / META_FILE)
     tokenizer = (
         read_json(folder / "tokenizer_config.json") if (folder / "tokenizer_config.json").exists() else {}
+    )
+    validate.check_strings(
+        tokenizer, ("unk_token", "source_lang", "target_lang"), folder / "tokenizer_config.json"
     )
     if tokenizer.get("separate_vocabs") or (folder / "target_vocab.json").exists():
         raise NmtError(
@@ -256,8 +262,13 @@ def import_marian(
     nmt_pieces = [pieces[i] if i is not None else unused_piece("<pad>", pieces) for i in order]
     if ids["start"] == ids["pad"]:  # the start token was also the padding: it has a name of its own now
         nmt_pieces[BOS] = unused_piece("<s>", pieces)
-    subword = Subword.pair(read_bytes(folder / "source.spm"), read_bytes(folder / "target.spm"), nmt_pieces)
-    weights = read_weights(folder)
+    (source, source_sp), (target, target_sp) = (
+        validate.read_sentencepiece(folder / name) for name in ("source.spm", "target.spm")
+    )
+    validate.check_pieces(vocab, folder / "vocab.json", source_sp, folder / "source.spm")
+    validate.check_pieces(vocab, folder / "vocab.json", target_sp, folder / "target.spm")
+    subword = Subword.pair(source, target, nmt_pieces)
+    weights = validate.checked_weights(folder, hf, read_weights)
     state = nmt_weights(weights, model_cfg, hf, order, folder)
 
     saved = meta.get("config", {})
@@ -503,18 +514,13 @@ def read_json(path: Path) -> dict:
         raise NmtError(
             f"{path}: missing (a MarianMT folder needs config.json, vocab.json, source.spm, ...)"
         ) from None
+    except RecursionError:
+        raise NmtError(f"{path}: not readable JSON (nested too deeply)") from None
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise NmtError(f"{path}: not readable JSON ({e})") from None
     if not isinstance(value, dict):
         raise NmtError(f"{path}: expected a JSON object")
     return value
-
-
-def read_bytes(path: Path) -> bytes:
-    try:
-        return Path(path).read_bytes()
-    except OSError as e:
-        raise NmtError(f"{path}: cannot read: {e.strerror}") from None
 
 
 def write_json(path: Path, value: dict) -> None:

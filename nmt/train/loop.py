@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from rich.console import Console
 
+from nmt.atomic import refuse_inputs
 from nmt.config import Config
 from nmt.data.loader import Loader, batch_plan, load_data, update_plan
 from nmt.errors import Interrupted, NmtError
@@ -39,6 +40,7 @@ def train(cfg: Config, workdir: Path, console: Console | None = None) -> Path:
     log = console if rt.is_main else Console(quiet=True)
     data = load_data(cfg, workdir)
     ckpt_dir = workdir / "checkpoints"
+    refuse_inputs(ckpt_dir, [cfg.data.init_from], "--workdir")  # it would be overwritten by a save
     random.seed(cfg.train.seed)
     learner = build_learner(cfg, rt, data.subword.vocab_size)
     prog = resume(ckpt_dir, learner, cfg, data, log)

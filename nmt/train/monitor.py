@@ -102,10 +102,14 @@ class MetricsLog:
 
 
 class ProgressDisplay:
-    """Rich live line: step, loss, ppl, lr, tokens/s, elapsed, ETA, last validation BLEU."""
+    """Rich live line: step, loss, ppl, lr, tokens/s, elapsed, ETA, last validation BLEU.
+
+    Only on a terminal: in a log (a file, a pipe) Rich would print the live line once at the end, cut
+    to the console's width with ellipses, so a log gets whole plain lines and no bar."""
 
     def __init__(self, console: Console, cfg: Config, prog: TrainProgress):
         self.cfg, self.prog = cfg, prog
+        self.live = console.is_terminal
         self.progress = Progress(
             TextColumn("[bold]train"),
             BarColumn(),
@@ -120,6 +124,8 @@ class ProgressDisplay:
         self.valid_info = ""
 
     def __enter__(self) -> ProgressDisplay:
+        if not self.live:
+            return self
         self.progress.start()
         self.task = self.progress.add_task(
             "train", total=self.cfg.train.max_steps, completed=self.prog.step, eta="", info=""
@@ -131,8 +137,10 @@ class ProgressDisplay:
             f"loss {record['loss']:.3f} ppl {record['ppl']:.2f} lr {record['lr']:.2e} "
             f"{record['tokens_per_s']:,.0f} tok/s"
         )
-        if not self.progress.console.is_terminal:  # a log file or pipe gets plain lines instead of a bar
-            self.progress.console.print(f"step {record['step']}: {self.train_info}", highlight=False)
+        if not self.live:  # a log file or pipe gets whole plain lines instead of a bar
+            self.progress.console.print(
+                f"step {record['step']}: {self.train_info}", highlight=False, soft_wrap=True
+            )
         self.refresh(record["step"], record["elapsed"])
 
     def validation(self, record: dict) -> None:
@@ -141,10 +149,13 @@ class ProgressDisplay:
         self.progress.console.print(
             f"step {record['step']}: valid loss {record['loss']:.3f} ppl {record['ppl']:.2f}{bleu}",
             highlight=False,
+            soft_wrap=True,
         )
         self.refresh(record["step"], record["elapsed"])
 
     def refresh(self, step: int, elapsed: float) -> None:
+        if not self.live:
+            return
         t = self.cfg.train
         left = (t.max_steps - step) * elapsed / max(step, 1)
         if t.max_minutes:
@@ -153,4 +164,5 @@ class ProgressDisplay:
         self.progress.update(self.task, completed=step, eta=eta, info=f"{self.train_info} {self.valid_info}")
 
     def __exit__(self, *exc) -> None:
-        self.progress.stop()
+        if self.live:
+            self.progress.stop()

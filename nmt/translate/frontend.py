@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -116,12 +117,17 @@ class LineTranslator:
         return [nbest[0][0] for nbest in self.translate_nbest(lines, prefixes=prefixes)]
 
     def translate_nbest(
-        self, lines: list[str], first_line: int = 1, prefixes: list[str] | None = None
+        self,
+        lines: list[str],
+        first_line: int = 1,
+        prefixes: list[str] | None = None,
+        on_batch: Callable[[int], None] | None = None,
     ) -> list[list[tuple[str, float]]]:
         """Up to decode.nbest (text, score) pairs per line, best first; a blank line gives [("", 0.0)].
 
         `first_line` numbers the lines in warnings (a stream passes the line number of lines[0]).
         `prefixes`, one per line ("" for none), are target text each translation must begin with.
+        `on_batch(n)` is told after each batch how many lines it translated (a progress display).
         """
         sources = self.encode(lines, first_line).sources
         forced: dict[int, list[int]] = {}
@@ -130,7 +136,7 @@ class LineTranslator:
             for i, ids in zip(keys, self.subword.encode_target([prefixes[i] for i in keys]), strict=True):
                 forced[i] = ids[: self.max_source]
         terms = self.terminology.apply({i: lines[i] for i in sources}) if self.terminology else None
-        return self.search_sources(len(lines), sources, forced, constraints=terms)
+        return self.search_sources(len(lines), sources, forced, constraints=terms, on_batch=on_batch)
 
     def encode(self, lines: list[str], first_line: int = 1) -> Encoded:
         """The lines cleaned, cut, encoded and truncated, each cut line with a warning (`first_line`
@@ -158,6 +164,7 @@ class LineTranslator:
         forced: dict[int, list[int]] | None = None,
         nbest: int | None = None,
         constraints: dict | None = None,
+        on_batch: Callable[[int], None] | None = None,
     ) -> list[list[tuple[str, float]]]:
         """The n-best of `count` lines whose subword ids (as `encode` gives them) are `sources[i]`.
 
@@ -179,10 +186,14 @@ class LineTranslator:
             ):
                 texts = self.subword.decode([h.tokens for h in hyps])
                 results[i] = [(one_line(text), h.score) for text, h in zip(texts, hyps, strict=True)]
+            if on_batch is not None:
+                on_batch(len(lines))
         if constraints:
             from nmt.translate.terminology import search_terms
 
             search_terms(self, results, sources, forced, nbest, constraints)
+            if on_batch is not None:
+                on_batch(sum(1 for i in sources if i in constraints))
         return results
 
     def clean(self, lines: list[str], first_line: int) -> list[str]:

@@ -17,9 +17,10 @@ from typing import BinaryIO
 
 from rich.console import Console
 
+from nmt.atomic import STDIN, refuse_inputs
 from nmt.config import DecodeOverrides, Engine, Precision
 from nmt.errors import NmtError
-from nmt.output import output_stream, refuse_input_as_output, stdout, write_failed
+from nmt.output import output_stream, stdout, write_failed
 from nmt.progress import Progress, count_lines
 from nmt.translate.builder import build_translator
 from nmt.translate.terminology import attach_terminology
@@ -121,7 +122,9 @@ def translate_stream(
     `glossary` (a TSV of terms) and `avoid` (phrases) are obeyed by the search (nmt.translate.terminology).
     """
     # Before anything is opened for writing: an output that is an input would be emptied before it is read.
-    refuse_input_as_output(output, [input, prefix, *(p for p in (glossary, avoid) if p is not None)])
+    # Standard input counts only when it is read: `-i in.en -o F < F` destroys nothing.
+    models = model_path if isinstance(model_path, list) else [model_path]
+    refuse_inputs(output, [*models, STDIN if input is None else input, prefix, glossary, avoid])
     if output is None:
         stdout()  # a closed standard output is one line now, not after the model has loaded
     built = build_translator(model_path, overrides, device, dtype, engine, console)
@@ -146,11 +149,14 @@ def translate_stream(
                         done + 1,
                         console,
                     )
-                results = translator.translate_nbest(lines, first_line=done + 1, prefixes=wanted)
+                before = progress.done  # advanced per batch, so a long chunk still moves the display
+                results = translator.translate_nbest(
+                    lines, first_line=done + 1, prefixes=wanted, on_batch=progress.advance
+                )
                 sink.write(format_lines(results, done, scored=scored or decode.nbest > 1))
                 sink.flush()
                 done += len(chunk)
-                progress.advance(len(chunk))
+                progress.advance(len(chunk) - (progress.done - before))  # the blank lines, not searched
     except OSError as e:  # the results' destination failed: a full disk, a reader gone (`| head`)
         problem = write_failed(e, str(output) if output is not None else "standard output")
         if problem is None:

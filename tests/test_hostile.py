@@ -1,0 +1,194 @@
+"""Hostile inputs, generated: any recipe text or --set override, any damage to a checkpoint file, any
+config.json value and any weight in a MarianMT folder gives a result or nmt's own error (NmtError),
+never another exception. Example counts are bounded (the `nmt` profile in tests/conftest.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+hypothesis = pytest.importorskip(
+    "hypothesis", reason="hypothesis generates the inputs: pip install -e '.[dev]'"
+)
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from nmt.checkpoint import load_checkpoint  # noqa: E402
+from nmt.config import config_to_dict, load_config  # noqa: E402
+from nmt.errors import NmtError  # noqa: E402
+from nmt.formats.huggingface import import_marian  # noqa: E402
+from nmt.untrained import save_random_model  # noqa: E402
+
+from .synthetic import make_config, make_subword  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+FIXTURES = [HealthCheck.function_scoped_fixture]
+
+# JSON values of every kind and size: nested, huge and non-finite numbers, wrong types
+NUMBERS = st.one_of(
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([0, 1, -1, 2, 3, 7, 64, 10**9, 1e10, 0.5, -0.0]),
+)
+SCALARS = st.one_of(st.none(), st.booleans(), NUMBERS, st.text(max_size=20))
+VALUES = st.recursive(
+    SCALARS,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> dict:
+    """A valid recipe, checkpoint and MarianMT folder to mutate."""
+    from typer.testing import CliRunner
+
+    from nmt.cli import app
+
+    d = tmp_path_factory.mktemp("hostile")
+    cfg = make_config()
+    model = save_random_model(d / "model.pt", cfg, make_subword(d / "spm"))
+    result = CliRunner().invoke(
+        app, ["export", "-m", str(model), "--format", "huggingface", "-o", str(d / "hf")]
+    )
+    assert result.exit_code == 0, result.output
+    return {"dict": config_to_dict(cfg), "model": model, "hf": d / "hf"}
+
+
+def either_result_or_nmt_error(call) -> None:
+    try:
+        call()
+    except NmtError:
+        pass
+
+
+# ---- the recipe -------------------------------------------------------------------------------------
+
+KEYS = [
+    "model.heads",
+    "model.d_model",
+    "model.max_positions",
+    "train.peak_lr",
+    "data.vocab_size",
+    "decode.beam",
+]
+
+
+@settings(suppress_health_check=FIXTURES)
+@given(text=st.text(max_size=200) | VALUES.map(json.dumps))
+def test_any_recipe_text_loads_or_is_a_config_error(base, tmp_path, text):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(text, encoding="utf-8")
+    either_result_or_nmt_error(lambda: load_config(recipe))
+
+
+@settings(suppress_health_check=FIXTURES)
+@given(
+    section=st.sampled_from(["data", "model", "train", "decode"]),
+    key=st.sampled_from(["heads", "d_model", "vocab_size", "peak_lr", "beam", "train", "x"]),
+    value=VALUES,
+)
+def test_any_recipe_value_loads_or_is_a_config_error(base, tmp_path, section, key, value):
+    import yaml
+
+    doc = json.loads(json.dumps(base["dict"]))
+    doc.setdefault(section, {})[key] = value
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    either_result_or_nmt_error(lambda: load_config(recipe))
+
+
+@settings(suppress_health_check=FIXTURES)
+@given(
+    overrides=st.lists(st.sampled_from(KEYS).map(lambda k: k + "=") | st.just(""), max_size=3),
+    tail=st.text(max_size=30),
+)
+def test_any_set_override_loads_or_is_a_config_error(base, tmp_path, overrides, tail):
+    import yaml
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(base["dict"]), encoding="utf-8")
+    either_result_or_nmt_error(lambda: load_config(recipe, [o + tail for o in overrides] + [tail]))
+
+
+# ---- the checkpoint ---------------------------------------------------------------------------------
+
+
+@settings(suppress_health_check=FIXTURES, max_examples=30)
+@given(data=st.data())
+def test_any_damaged_checkpoint_loads_or_is_a_checkpoint_error(base, tmp_path, data):
+    raw = bytearray(base["model"].read_bytes())
+    for _ in range(data.draw(st.integers(1, 8))):
+        i = data.draw(st.integers(0, len(raw) - 1))
+        raw[i] = data.draw(st.integers(0, 255))
+    cut = data.draw(st.none() | st.integers(0, len(raw)))
+    path = tmp_path / "damaged.pt"
+    path.write_bytes(bytes(raw[:cut]))
+    either_result_or_nmt_error(lambda: load_checkpoint(path))
+
+
+# ---- a MarianMT folder ------------------------------------------------------------------------------
+
+
+def fresh(base: dict, tmp_path: Path) -> Path:
+    folder = tmp_path / "hf"
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.copytree(base["hf"], folder)
+    (tmp_path / "out.pt").unlink(missing_ok=True)
+    return folder
+
+
+CONFIG_KEYS = [
+    "vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_ffn_dim", "decoder_ffn_dim",
+    "encoder_attention_heads", "decoder_attention_heads", "max_position_embeddings", "dropout",
+    "activation_function", "pad_token_id", "eos_token_id", "decoder_start_token_id", "scale_embedding",
+    "normalize_before", "model_type", "share_encoder_decoder_embeddings",
+]  # fmt: skip
+
+
+@settings(suppress_health_check=FIXTURES, max_examples=40)
+@given(changes=st.dictionaries(st.sampled_from(CONFIG_KEYS), VALUES, min_size=1, max_size=3))
+def test_any_config_json_imports_or_is_one_error(base, tmp_path, changes):
+    folder = fresh(base, tmp_path)
+    path = folder / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}, allow_nan=True))
+    either_result_or_nmt_error(lambda: import_marian(folder, tmp_path / "out.pt"))
+
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int8, torch.float64]
+
+
+@settings(suppress_health_check=FIXTURES, max_examples=30)
+@given(data=st.data())
+def test_any_weights_import_or_are_one_error(base, tmp_path, data):
+    from safetensors.torch import load_file, save_file
+
+    folder = fresh(base, tmp_path)
+    weights = load_file(folder / "model.safetensors")
+    names = sorted(weights)
+    for _ in range(data.draw(st.integers(1, 3))):
+        name = data.draw(st.sampled_from(names))
+        how = data.draw(st.sampled_from(["shape", "dtype", "value", "drop"]))
+        w = weights.get(name)
+        if w is None:  # dropped by an earlier draw
+            continue
+        if how == "shape":
+            shape = data.draw(st.lists(st.integers(0, 70), min_size=0, max_size=3))
+            weights[name] = torch.zeros(shape)
+        elif how == "dtype":
+            weights[name] = w.to(data.draw(st.sampled_from(DTYPES)))
+        elif how == "value" and w.numel():
+            w = w.clone().reshape(-1)
+            w[data.draw(st.integers(0, w.numel() - 1))] = data.draw(
+                st.sampled_from([math.nan, math.inf, 1e30])
+            )
+            weights[name] = w.reshape(weights[name].shape)
+        else:
+            weights.pop(name)
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    either_result_or_nmt_error(lambda: import_marian(folder, tmp_path / "out.pt"))

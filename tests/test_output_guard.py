@@ -1,0 +1,262 @@
+"""The one guard every written file goes through (nmt.atomic): an output that is an input is refused by
+device and inode, a new file or folder gets the umask's mode, SIGTERM and SIGHUP leave no temporary file,
+and a full disk or a read-only folder is one line naming the path written, exit status 1."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from nmt.cli import app
+from nmt.untrained import save_random_model
+
+from .synthetic import make_config, make_subword
+
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+NMT = [sys.executable, "-m", "nmt"]
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    """A tiny random post-norm model (a MarianMT export needs post-norm), saved by the real writer."""
+    d = tmp_path_factory.mktemp("guard")
+    return save_random_model(d / "model.pt", make_config(), make_subword(d / "spm"))
+
+
+@pytest.fixture(scope="module")
+def marian(model, tmp_path_factory) -> Path:
+    """The model as a MarianMT folder, written by `nmt export --format huggingface`."""
+    folder = tmp_path_factory.mktemp("marian") / "hf"
+    result = CliRunner().invoke(
+        app, ["export", "-m", str(model), "--format", "huggingface", "-o", str(folder)]
+    )
+    assert result.exit_code == 0, result.output
+    return folder
+
+
+def cli(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess:
+    result = CliRunner().invoke(app, [str(a) for a in args], input=stdin)
+    return subprocess.CompletedProcess(args, result.exit_code, result.stdout_bytes, result.stderr_bytes)
+
+
+def one_line(stderr: bytes | str, *names: str) -> str:
+    text = stderr.decode() if isinstance(stderr, bytes) else stderr
+    assert "Traceback" not in text, text
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert len(lines) == 1, text
+    for name in names:
+        assert name in lines[0], (name, lines[0])
+    return lines[0]
+
+
+def listing(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+# ---- outputs that are inputs ------------------------------------------------------------------------
+
+
+def test_translate_into_dev_null_with_stdin_from_dev_null_is_not_refused(model, tmp_path):
+    src = tmp_path / "in.xx"
+    src.write_text("a b c\n")
+    command = [*NMT, "translate", "-m", model, "-i", src, "-o", "/dev/null"]
+    result = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, env=ENV, timeout=120)
+    assert result.returncode == 0, result.stderr.decode()
+
+
+@pytest.mark.parametrize("how", ["same name", "symlink", "hard link"])
+def test_translate_refuses_to_write_over_its_model(model, tmp_path, how):
+    copy = tmp_path / "model.pt"
+    copy.write_bytes(model.read_bytes())
+    out = {"same name": copy, "symlink": tmp_path / "link.pt", "hard link": tmp_path / "hard.pt"}[how]
+    if how == "symlink":
+        out.symlink_to(copy)
+    elif how == "hard link":
+        os.link(copy, out)
+    result = cli("translate", "-m", copy, "-o", out, stdin=b"a b\n")
+    assert result.returncode == 2
+    one_line(result.stderr, str(out), "input")
+    assert copy.read_bytes() == model.read_bytes()
+
+
+def test_average_refuses_to_replace_one_of_its_inputs(model, tmp_path):
+    a, b = tmp_path / "a.pt", tmp_path / "b.pt"
+    a.write_bytes(model.read_bytes())
+    b.write_bytes(model.read_bytes())
+    result = cli("average", a, b, "-o", b)
+    assert result.returncode == 2
+    one_line(result.stderr, str(b), "input")
+    assert b.read_bytes() == model.read_bytes() and listing(tmp_path) == ["a.pt", "b.pt"]
+
+
+def test_import_refuses_to_write_into_the_folder_it_reads(marian, tmp_path):
+    before = {p.name: p.read_bytes() for p in marian.iterdir()}
+    result = cli("import", marian, "-o", marian / "model.safetensors")
+    assert result.returncode == 2
+    one_line(result.stderr, "model.safetensors", "input")
+    assert {p.name: p.read_bytes() for p in marian.iterdir()} == before
+
+
+def test_export_refuses_a_folder_that_holds_its_model(model, tmp_path):
+    copy = tmp_path / "run" / "model.pt"
+    copy.parent.mkdir()
+    copy.write_bytes(model.read_bytes())
+    result = cli("export", "-m", copy, "--format", "huggingface", "-o", copy.parent, "--force")
+    assert result.returncode == 2
+    one_line(result.stderr, "input")
+    assert copy.read_bytes() == model.read_bytes()
+
+
+# ---- modes ------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def umask(mask: int):
+    old = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o027])
+def test_new_files_and_folders_get_the_umasks_mode(model, tmp_path, mask):
+    with umask(mask):
+        assert cli("translate", "-m", model, "-o", tmp_path / "out.txt", stdin=b"a b\n").returncode == 0
+        assert cli("average", model, model, "-o", tmp_path / "avg.pt").returncode == 0
+        result = cli("export", "-m", model, "--format", "huggingface", "-o", tmp_path / "hf")
+        assert result.returncode == 0, result.stderr
+    for name in ("out.txt", "avg.pt", "hf/model.safetensors", "hf/config.json"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o666 & ~mask, name
+    assert stat.S_IMODE((tmp_path / "hf").stat().st_mode) == 0o777 & ~mask
+
+
+# ---- signals ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_mid_translation_leaves_no_temporary_file(model, tmp_path, signum):
+    out = tmp_path / "out.txt"
+    out.write_text("previous\n")
+    command = [*NMT, "translate", "-m", model, "-o", out]
+    proc = subprocess.Popen(command, stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV)
+    try:
+        proc.stdin.write(b"a b c\n")  # and stdin stays open: the command waits for more lines
+        proc.stdin.flush()
+        deadline = time.monotonic() + 60
+        while len(listing(tmp_path)) < 2:  # the temporary file beside out.txt: writing has begun
+            assert time.monotonic() < deadline and proc.poll() is None, "no temporary file appeared"
+            time.sleep(0.05)
+        proc.send_signal(signum)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signum, stderr.decode()
+    assert signal.Signals(signum).name in one_line(stderr)
+    assert listing(tmp_path) == ["out.txt"] and out.read_text() == "previous\n"
+
+
+# ---- write failures ---------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, options: str):
+    """A small filesystem of its own (needs root and mount): a real full disk or read-only folder."""
+    path.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+def write_commands(model: Path, marian: Path, folder: Path) -> dict[str, list]:
+    return {
+        "translate": ["translate", "-m", model, "-o", folder / "out.txt"],
+        "average": ["average", model, model, "-o", folder / "avg.pt"],
+        "import": ["import", marian, "-o", folder / "imported.pt"],
+        "export hf": ["export", "-m", model, "--format", "huggingface", "-o", folder / "hf"],
+    }
+
+
+@pytest.mark.parametrize("command", ["translate", "average", "import", "export hf"])
+def test_a_full_disk_is_one_line_naming_the_file(model, marian, tmp_path, command):
+    with tmpfs(tmp_path / "small", "size=64k") as small:
+        args = write_commands(model, marian, small)[command]
+        stdin = "a b\n" * 20_000 if command == "translate" else ""  # more than 64 kB of output
+        result = CliRunner().invoke(app, [str(a) for a in args], input=stdin)
+        assert result.exit_code == 1, result.output
+        line = one_line(result.stderr, str(small), "No space left on device")
+        assert "standard output" not in line
+        assert listing(small) == []  # no temporary file, no half-written output
+
+
+@pytest.mark.parametrize("command", ["translate", "average", "import", "export hf"])
+def test_a_read_only_folder_is_one_line_naming_the_file(model, marian, tmp_path, command):
+    with tmpfs(tmp_path / "ro", "ro,size=64k") as ro:
+        args = write_commands(model, marian, ro)[command]
+        result = CliRunner().invoke(app, [str(a) for a in args], input="a b\n")
+        assert result.exit_code == 1, result.output
+        one_line(result.stderr, str(ro), "Read-only file system")
+
+
+def test_a_device_or_a_fifo_is_written_in_place_never_replaced(model, tmp_path):
+    """Never with the real /dev/full: a code that renamed over it would replace the machine's device."""
+    full, fifo = tmp_path / "full", tmp_path / "fifo"
+    try:
+        os.mknod(full, stat.S_IFCHR | 0o666, os.makedev(1, 7))  # /dev/full's own device numbers
+    except PermissionError:
+        pytest.skip("making a device node needs root")
+    result = cli("average", model, model, "-o", full)
+    assert result.returncode == 1
+    one_line(result.stderr, str(full), "No space left on device")
+    assert full.is_char_device()
+    os.mkfifo(fifo)
+    got = tmp_path / "got"
+    with open(got, "wb") as sink:  # a file, not a pipe this process reads only later: no deadlock
+        reader = subprocess.Popen(["cat", str(fifo)], stdout=sink)
+    result = cli("average", model, model, "-o", fifo)
+    assert result.returncode == 0, result.stderr
+    reader.wait(timeout=60)
+    written = got.read_bytes()
+    assert written.startswith(b"PK") and len(written) > 10_000  # a whole checkpoint (a zip) went through
+    assert fifo.is_fifo()
+
+
+@pytest.mark.parametrize("stop", ["SIGTERM", "full disk"])
+def test_preprocess_leaves_no_part_file_when_stopped_or_out_of_space(tmp_path, stop):
+    import errno
+
+    from nmt.data.binarized import write_split
+    from nmt.errors import OutputError, Signalled
+
+    def source():
+        yield [5, 6, 7]
+        if stop == "full disk":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        raise Signalled(signal.SIGTERM)
+
+    raised = OutputError if stop == "full disk" else Signalled
+    with pytest.raises(raised):
+        write_split(tmp_path / "train", source(), iter([[5], [6]]), vocab_size=64)
+    assert listing(tmp_path) == []
+
+
+def test_the_command_line_gives_back_the_signal_handlers_it_found(model, tmp_path):
+    """A program that calls the CLI in its own process (a test runner, a notebook) keeps its own SIGTERM."""
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)
+    assert cli("average", model, model, "-o", tmp_path / "avg.pt").returncode == 0
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)) == before
