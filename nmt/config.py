@@ -139,7 +139,10 @@ class DecodeConfig:
     max_len_a: float = 1.0  # output length limit: a * source length + b
     max_len_b: int = 50
     min_len: int = 1  # tokens before EOS may end a hypothesis: a real sentence never translates to nothing
-    batch_tokens: int = 8192
+    # sentences x beam x max(source, output limit): a batch is costed by the steps its search may take
+    # (nmt.translate.frontend.batch_cost), so 32768 holds about as many sentences as 8192 source tokens
+    # did before outputs counted, and keeps file throughput (benchmarks/RESULTS.md, batch costing)
+    batch_tokens: int = 32768
     nbest: int = 1  # hypotheses per input; with sampling, samples per input
     no_repeat_ngram_size: int = 0  # > 0: no n-gram of this size twice in a translation
     sampling: bool = False  # draw each token instead of searching (back-translation)
