@@ -296,3 +296,16 @@ def test_bad_license_is_a_one_line_error(exports, tmp_path, args, words):
     assert result.exit_code == 2
     assert all(w in result.output for w in words) and len(result.output.strip().splitlines()) == 1
     assert not out.exists()
+
+
+def test_decoder_start_is_bos_or_zero():
+    from nmt.config import config_from_dict, config_to_dict
+    from nmt.errors import NmtError
+
+    from .synthetic import make_config
+
+    sections = config_to_dict(make_config())
+    assert sections["model"]["decoder_start"] == "bos"  # the default: checkpoints keep their meaning
+    sections["model"]["decoder_start"] = "middle"
+    with pytest.raises(NmtError, match="model.decoder_start: 'middle' is not one of 'bos', 'zero'"):
+        config_from_dict(sections)
