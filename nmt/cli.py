@@ -363,17 +363,29 @@ def export(
         ),
     ] = "ctranslate2",
     force: Annotated[bool, typer.Option("--force", help="Replace an earlier export in --output.")] = False,
+    license: Annotated[
+        str | None,
+        typer.Option(
+            "--license",
+            metavar="<id>",
+            help="huggingface: the licence the model card states, as the Hub writes it (apache-2.0, ...).",
+        ),
+    ] = None,
 ) -> None:
     """Convert a checkpoint for another inference engine (CTranslate2: pip install 'nmt\\[ctranslate2]').
 
     [bold]Examples[/]
     nmt export -m runs/multi30k-en-de/checkpoints/average.pt --format ctranslate2 -o ct2-en-de
     nmt translate --engine ctranslate2 -m ct2-en-de -i in.en > out.de
-    nmt export -m average.pt --format huggingface -o hf-en-de   # MarianMTModel.from_pretrained("hf-en-de")
+    nmt export -m average.pt --format huggingface --license apache-2.0 -o hf-en-de   # OPUS-MT's layout
     """
     from nmt.formats.export import export as run_export
 
-    err.print(f"exported {model} to {run_export(model, output, fmt, force=force)}")
+    def note(line: str) -> None:
+        err.print(f"[yellow]note:[/] {escape(line)}", highlight=False)
+
+    path = run_export(model, output, fmt, force=force, license=license, note=note)
+    err.print(f"exported {model} to {path}")
 
 
 @app.command(name="import", cls=Command)

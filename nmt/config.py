@@ -97,6 +97,10 @@ class ModelConfig:
     # non-linearity (swish = x * sigmoid(x)) and a fixed bias added to the output logits.
     activation: Literal["relu", "swish"] = "relu"
     output_bias: bool = False
+    # What the decoder's first position embeds (the paper does not say): bos, the learned vector of the
+    # BOS token; zero, a zero vector (positions still added), Marian's and so OPUS-MT's convention, which
+    # CTranslate2's MarianMT converter assumes (start_from_zero_embedding).
+    decoder_start: Literal["bos", "zero"] = "bos"
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ L decoder layers. Token id 0 is padding (see nmt.subword).
 Deviations from the paper, each optional and off in the paper recipes: `norm: pre` moves LayerNorm in
 front of each sub-layer (and adds one after each stack); attention and activation dropout; and, for
 pretrained MarianMT models (nmt.formats.huggingface), `activation: swish` in the FFN and `output_bias`, a
-fixed (untrained) bias on the output logits.
+fixed (untrained) bias on the output logits. What the decoder starts from the paper leaves open:
+`decoder_start: bos` (the default) embeds the BOS token there, `zero` a zero vector, as Marian does.
 
 Besides `forward` (teacher forcing), the decoder offers the incremental contract that search uses
 (nmt.translate.search.Decoder): `encode(src)`, `init_state(memory, src_keep, max_len, beam)`,
@@ -270,12 +271,19 @@ class Transformer(nn.Module):
         with torch.no_grad():
             self.embed.weight[PAD].zero_()
 
-    def embed_tokens(self, tokens: Tensor, offset: int = 0) -> Tensor:
-        """Embeddings times sqrt(D) plus positions, then dropout (3.4, 3.5, 5.4): (B, T) -> (B, T, D)."""
+    def embed_tokens(self, tokens: Tensor, offset: int = 0, target: bool = False) -> Tensor:
+        """Embeddings times sqrt(D) plus positions, then dropout (3.4, 3.5, 5.4): (B, T) -> (B, T, D).
+
+        `target`: the decoder's input, whose position 0 is the start token (BOS); with
+        model.decoder_start zero its embedding is a zero vector instead of BOS's row (Marian's convention).
+        """
         t = tokens.shape[1]
         if offset + t > self.cfg.max_positions:
             raise ValueError(f"sequence of {offset + t} positions exceeds model.max_positions")
-        x = self.embed(tokens) * math.sqrt(self.cfg.d_model) + self.positions[offset : offset + t]
+        e = self.embed(tokens)  # (B, T, D)
+        if target and offset == 0 and self.cfg.decoder_start == "zero":
+            e = F.pad(e[:, 1:], (0, 0, 1, 0))  # (B, T, D): position 0's embedding is zero
+        x = e * math.sqrt(self.cfg.d_model) + self.positions[offset : offset + t]
         return dropout(x, self.cfg.dropout, self.training)
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
@@ -289,7 +297,7 @@ class Transformer(nn.Module):
     def decode(self, tgt_in: Tensor, memory: Tensor, src_keep: Tensor, project: bool = True) -> Tensor:
         """All target positions at once (teacher forcing): (B, T) ids -> logits (B, T, V), or with
         project=False the states (B, T, D) that the output projection would take."""
-        y = self.embed_tokens(tgt_in)
+        y = self.embed_tokens(tgt_in, target=True)
         for layer in self.decoder:
             k, v = layer.cross_attn.memory_kv(memory)
             y = layer(y, k, v, src_keep)
@@ -343,7 +351,7 @@ class Transformer(nn.Module):
             if t >= state.max_len:
                 raise ValueError(f"step {t + 1} is past the {state.max_len} positions of init_state")
             self.grow_cache(state, min(t + CACHE_BLOCK, state.max_len))
-        y = self.embed_tokens(tokens[:, None], offset=t)  # (N, 1, D)
+        y = self.embed_tokens(tokens[:, None], offset=t, target=True)  # (N, 1, D)
         for i, layer in enumerate(self.decoder):
             mem_k, mem_v = state.mem_kv[i]  # each (B, H, S, K)
             y = layer.step(y, state.self_kv[i][:, :n], t, mem_k, mem_v, state.src_bias, state.beam)

@@ -259,17 +259,24 @@ def test_export_loads_in_transformers_without_missing_or_unexpected_weights(expo
     model, info = hf_model(exported)
     assert not info["missing_keys"]
     assert not info["unexpected_keys"] and not info["mismatched_keys"], info
-    assert model.config.decoder_start_token_id == BOS and model.config.pad_token_id == PAD
+    last = model.config.vocab_size - 1  # OPUS-MT's layout: </s> 0, the start token pads, last
+    assert model.config.decoder_start_token_id == model.config.pad_token_id == last
     gen = json.loads((exported / "generation_config.json").read_text())
     assert (gen["num_beams"], gen["length_penalty"]) == (4, 0.6)  # the recipe's decode section
     tok = MarianTokenizer.from_pretrained(exported)
-    assert tok.eos_token_id == EOS and tok.pad_token_id == PAD
+    assert tok.eos_token_id == 0 and tok.pad_token_id == last
     assert (exported / "model.safetensors").is_file()
 
 
 def test_exported_logits_and_greedy_translations_equal_nmt(exported: Path, synthetic_run: Path):
+    from nmt.formats.huggingface import marian_order
+
     theirs, _ = hf_model(exported)
     model, subword, cfg = load_model(synthetic_run / "checkpoints" / "best.pt")
+    order = marian_order(subword.vocab_size)  # exported id j is nmt's order[j]; PAD has none
+    to_hf = torch.empty(subword.vocab_size, dtype=torch.long)
+    to_hf[order] = torch.arange(len(order))
+    to_hf[PAD] = theirs.config.pad_token_id  # where both mask it
     lines = (synthetic_run / "data" / "valid.xx").read_text().splitlines()[:40]
     src = [ids + [EOS] for ids in subword.encode(lines)]
     width = max(map(len, src))
@@ -277,15 +284,15 @@ def test_exported_logits_and_greedy_translations_equal_nmt(exported: Path, synth
     tgt = [[BOS] + ids for ids in subword.encode_target([" ".join(reversed(s.split())) for s in lines])]
     y = torch.tensor([t + [PAD] * (max(map(len, tgt)) - len(t)) for t in tgt])
     with torch.no_grad():
-        got = model(x, y)
-        want = theirs(input_ids=x, attention_mask=(x != PAD).long(), decoder_input_ids=y).logits
+        got = model(x, y)[:, :, order]  # (B, T, V - 1) in the exported order
+        want = theirs(input_ids=to_hf[x], attention_mask=(x != PAD).long(), decoder_input_ids=to_hf[y]).logits
     assert (got - want).abs()[(y != PAD)].max().item() < 1e-4
 
     decode = dataclasses.replace(cfg.decode, beam=1, max_len_a=0.0, max_len_b=50)
     ours = Translator(model, subword, decode, torch.device("cpu")).engine.search(subword.encode(lines))
     with torch.no_grad():
-        out = theirs.generate(x, attention_mask=(x != PAD).long(), num_beams=1, max_new_tokens=51)
-    hf = [[t for t in row[1:] if t not in (PAD, EOS)] for row in out.tolist()]
+        out = theirs.generate(to_hf[x], attention_mask=(x != PAD).long(), num_beams=1, max_new_tokens=51)
+    hf = [[order[t] for t in row[1:] if t not in (theirs.config.pad_token_id, 0)] for row in out.tolist()]
     assert [h[0].tokens for h in ours] == hf
     assert len({tuple(t) for t in hf}) > len(lines) // 2
 
@@ -296,10 +303,13 @@ def test_export_import_round_trip_keeps_weights_and_translations(exported: Path,
     result = runner.invoke(app, ["import", str(exported), "-o", str(back)])
     assert result.exit_code == 0, result.output
     a, b = load_checkpoint(original), load_checkpoint(back)
-    assert b.vocab_size == a.vocab_size  # nmt's own layout maps onto itself: no new row
+    assert b.vocab_size == a.vocab_size  # OPUS-MT's layout has no PAD row: it is a new (zero) row again
     for name, weight in a.model_state.items():
-        assert torch.equal(weight, b.model_state[name]), name
-    assert b.model_state["output_bias"].abs().max() == 0
+        got = b.model_state[name]
+        if name == "embed.weight":
+            weight, got = weight[PAD + 1 :], got[PAD + 1 :]
+        assert torch.equal(weight, got), name
+    assert "output_bias" not in b.model_state and not b.config.model.output_bias  # as it was exported
     assert (b.config.decode, b.config.data.src_lang) == (a.config.decode, a.config.data.src_lang)
     lines = (synthetic_run / "data" / "valid.xx").read_text().splitlines()[:30]
     translations = []

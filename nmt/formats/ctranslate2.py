@@ -150,6 +150,8 @@ def transformer_spec(ckpt: Checkpoint, pieces: list[str], specs):
         if cfg.norm == "pre":
             set_layer_norm(stack.layer_norm, w, norm)
     spec.decoder.projection.weight = embed  # logits = y E^T (+ the fixed output bias of imported models)
+    # model.decoder_start zero: step 0 embeds a zero vector (positions still added), as nmt.model does
+    spec.decoder.start_from_zero_embedding = cfg.decoder_start == "zero"
     if cfg.output_bias:
         spec.decoder.projection.bias = w["output_bias"].float()
 

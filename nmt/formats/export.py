@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from nmt.atomic import refuse_inputs
@@ -9,12 +10,20 @@ from nmt.errors import NmtError
 from nmt.formats import FORMATS
 
 
-def export(model_path: Path, output: Path, fmt: str = "ctranslate2", force: bool = False) -> Path:
+def export(
+    model_path: Path,
+    output: Path,
+    fmt: str = "ctranslate2",
+    force: bool = False,
+    license: str | None = None,
+    note: Callable[[str], None] | None = None,
+) -> Path:
     """`nmt export`: write the checkpoint `model_path` as a `fmt` model folder `output`; returns it.
 
     The folder is built under a temporary name beside `output` and renamed at the end, so a failed
     export leaves nothing behind. An existing `output` is replaced only with `force`, and only when it
-    holds a previous export (never an unrelated folder).
+    holds a previous export (never an unrelated folder). `license` goes into the model card that the
+    huggingface format writes; `note` receives what the user should know about the folder, a line each.
     """
     if fmt not in FORMATS:
         raise NmtError(f"--format {fmt}: expected one of {', '.join(FORMATS)}")
@@ -22,7 +31,9 @@ def export(model_path: Path, output: Path, fmt: str = "ctranslate2", force: bool
     if fmt == "huggingface":
         from nmt.formats.huggingface import export_marian
 
-        return export_marian(Path(model_path), Path(output), force=force)
+        return export_marian(Path(model_path), Path(output), force=force, license=license, note=note)
+    if license is not None:
+        raise NmtError("--license: only --format huggingface writes a model card, which names the licence")
     from nmt.formats.ctranslate2 import export_ctranslate2
 
     return export_ctranslate2(Path(model_path), Path(output), force=force)

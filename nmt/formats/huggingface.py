@@ -15,11 +15,16 @@ how each difference is carried over exactly:
 - `final_logits_bias` becomes the model's `output_bias` (model.output_bias), a fixed buffer in both.
 - `activation_function` relu or swish becomes model.activation.
 - Token ids: nmt reserves PAD 0, UNK 1, BOS 2, EOS 3 (nmt.tokens); OPUS-MT has </s> 0, <unk> 1 and <pad>
-  last, and starts decoding from <pad>. The vocabulary is reordered into nmt's layout (`token_order`):
-  the decoder's start token becomes BOS, and where it was also the padding token (always, in OPUS-MT) a
-  new zero row is PAD, with an output bias of ABSENT_LOGIT, so low that its probability is 0 in float32
-  and every other token's log-probability is unchanged. The two SentencePiece models and the reordered
-  vocabulary travel together as one nmt.subword.Subword.
+  last, and starts decoding from <pad>. Tools written for OPUS-MT folders assume that layout
+  (CTranslate2's converter drops the last row and starts from a zero vector), so the export writes it
+  (`marian_order`): </s>, <unk>, the other pieces in nmt's order, then <pad>, whose row holds the vector
+  nmt's decoder starts from (BOS's row, or zeros for `model.decoder_start: zero`). nmt's own PAD row,
+  which no real position reads and search never emits, is left out. On import the vocabulary is
+  reordered into nmt's layout (`token_order`): the decoder's start token becomes BOS, and where it was
+  also the padding token (always, in OPUS-MT) a new zero row is PAD, with an output bias of
+  ABSENT_LOGIT, so low that its probability is 0 in float32 and every other token's log-probability is
+  unchanged. The two SentencePiece models and the reordered vocabulary travel together as one
+  nmt.subword.Subword.
 
 What transformers' Marian cannot hold is refused in one line: pre-norm layers (`norm: pre`), and on import
 separate source and target vocabularies, untied output embeddings, unscaled embeddings, learned
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -41,11 +47,14 @@ from nmt.checkpoint import load_checkpoint, save_checkpoint
 from nmt.config import DecodeConfig, ModelConfig, config_from_dict, config_to_dict
 from nmt.errors import CheckpointError, NmtError
 from nmt.formats import META_FILE, validate
+from nmt.formats.model_card import model_card
 from nmt.model import sinusoidal_positions
 from nmt.subword import Subword
 from nmt.tokens import BOS, EOS, PAD, UNK
 
 ABSENT_LOGIT = -100.0  # the output bias of a token the original model did not have: exp(-100) is 0 here
+MARIAN_EOS = 0  # </s> in OPUS-MT's layout (marian_order)
+MARIAN_PAD = "<pad>"  # the last token, which pads and starts the decoder
 META_FORMAT = "nmt-huggingface"
 ACTIVATIONS = {"relu": "relu", "swish": "swish", "silu": "swish"}  # transformers' name -> model.activation
 
@@ -60,8 +69,16 @@ def residual_order(d_model: int) -> Tensor:
 # nmt -> MarianMT
 
 
-def export_marian(model_path: Path, output: Path, force: bool = False) -> Path:
-    """`nmt export --format huggingface`: the checkpoint as a MarianMT folder; returns it.
+def export_marian(
+    model_path: Path,
+    output: Path,
+    force: bool = False,
+    license: str | None = None,
+    note: Callable[[str], None] | None = None,
+) -> Path:
+    """`nmt export --format huggingface`: the checkpoint as a MarianMT folder in OPUS-MT's layout, with a
+    model card (README.md, `license` its licence); returns it. `note` receives what a user should know
+    about the folder in other tools, one line each.
 
     Built under a temporary name beside `output` and renamed at the end; an existing `output` is replaced
     only with `force` and only when an earlier export wrote it.
@@ -80,12 +97,16 @@ def export_marian(model_path: Path, output: Path, force: bool = False) -> Path:
     if len(pieces) != ckpt.vocab_size:
         raise NmtError(f"{model_path}: {len(pieces)} subwords but the model has {ckpt.vocab_size} rows")
 
+    order = marian_order(ckpt.vocab_size)
+    names = marian_pieces(pieces, order, model_path)
+    card = model_card(ckpt.config, Path(model_path), license)
     with atomic_folder(output) as folder:
         folder.mkdir()
-        save_safetensors(folder / "model.safetensors", marian_weights(ckpt.model_state, m))
-        write_json(folder / "config.json", marian_config(m, ckpt.vocab_size))
-        write_json(folder / "generation_config.json", generation_config(ckpt.config.decode, m))
-        write_json(folder / "vocab.json", {piece: i for i, piece in enumerate(pieces)})
+        save_safetensors(folder / "model.safetensors", marian_weights(ckpt.model_state, m, order))
+        size = len(order)
+        write_json(folder / "config.json", marian_config(m, size))
+        write_json(folder / "generation_config.json", generation_config(ckpt.config.decode, m, size))
+        write_json(folder / "vocab.json", {piece: i for i, piece in enumerate(names)})
         (folder / "source.spm").write_bytes(subword.source_proto)
         (folder / "target.spm").write_bytes(subword.target_proto)
         write_json(
@@ -94,27 +115,54 @@ def export_marian(model_path: Path, output: Path, force: bool = False) -> Path:
                 "tokenizer_class": "MarianTokenizer",
                 "source_lang": ckpt.config.data.src_lang,
                 "target_lang": ckpt.config.data.tgt_lang,
-                "unk_token": pieces[UNK],
-                "eos_token": pieces[EOS],
-                "pad_token": pieces[PAD],
+                "unk_token": names[1],
+                "eos_token": names[0],
+                "pad_token": names[-1],
                 "model_max_length": m.max_positions,
                 "separate_vocabs": False,
             },
         )
+        (folder / "README.md").write_text(card, encoding="utf-8")
         write_json(
             folder / META_FILE,
             {
                 "format": META_FORMAT,
-                "version": 1,
+                "version": 2,  # 2: OPUS-MT's layout (pad last, the start token); 1 kept nmt's ids
                 "source": Path(model_path).name,  # no path of the machine that made it
                 "config": config_to_dict(ckpt.config),
             },
         )
+    if note is not None and m.decoder_start == "bos":
+        note(
+            f"{model_path} starts its decoder from a learned BOS vector: transformers and ONNX read "
+            f"{output} exactly, but CTranslate2's ct2-transformers-converter will start from a zero vector "
+            "(Marian's convention); `nmt export --format ctranslate2` is exact"
+        )
     return output
 
 
-def marian_weights(w: dict[str, Tensor], m: ModelConfig) -> dict[str, Tensor]:
-    """nmt's state dict as MarianMTModel's (model.safetensors names), the residual stream permuted."""
+def marian_order(vocab_size: int) -> list[int]:
+    """OPUS-MT's layout of nmt's vocabulary: exported row i is nmt's row order[i]. </s> 0, <unk> 1, the
+    other pieces in nmt's order, and last the decoder's start token, which OPUS-MT also pads with (its
+    row is what nmt's decoder starts from: marian_weights). nmt's PAD row has no place: padding is masked
+    wherever it is read, and neither engine emits it; only its share of the softmax, which training
+    drives to almost nothing, is gone (greedy choices cannot change; beam scores only in the last
+    digits)."""
+    return [EOS, UNK, *range(EOS + 1, vocab_size), BOS]
+
+
+def marian_pieces(pieces: list[str], order: list[int], model_path: Path) -> list[str]:
+    """The exported vocabulary's pieces in id order: nmt's, the start token named <pad> as in OPUS-MT
+    (CTranslate2's converter finds the row it drops by that name)."""
+    names = [pieces[i] for i in order[:-1]] + [MARIAN_PAD]
+    if MARIAN_PAD in names[:-1]:
+        raise NmtError(f"{model_path}: the subword {MARIAN_PAD!r} is an ordinary piece; OPUS-MT reserves it")
+    return names
+
+
+def marian_weights(w: dict[str, Tensor], m: ModelConfig, tokens: list[int]) -> dict[str, Tensor]:
+    """nmt's state dict as MarianMTModel's (model.safetensors names), the residual stream permuted and
+    the vocabulary in the order `tokens` (marian_order: its last row is the decoder's start)."""
     order = residual_order(m.d_model)
     d = m.d_model
     out: dict[str, Tensor] = {}
@@ -159,14 +207,20 @@ def marian_weights(w: dict[str, Tensor], m: ModelConfig) -> dict[str, Tensor]:
         ffn(p, f"{s}.ffn")
         norm(f"{p}.final_layer_norm", f"{s}.res_ffn.norm")
     embed = w["embed.weight"]
-    out["model.shared.weight"] = embed[:, order]  # (V, D); tied to both stacks' embed_tokens and lm_head
+    rows = torch.tensor(tokens)
+    shared = embed[rows][:, order]  # (V', D); tied to both stacks' embed_tokens and lm_head
+    if m.decoder_start == "zero":
+        shared[-1] = 0.0  # the start row: what nmt's decoder embeds at its first position
+    out["model.shared.weight"] = shared
     bias = w.get("output_bias", torch.zeros(embed.shape[0], dtype=embed.dtype))
-    out["final_logits_bias"] = bias[None, :]  # (1, V)
+    out["final_logits_bias"] = bias[rows][None, :]  # (1, V')
     return {k: v.float().contiguous() for k, v in out.items()}
 
 
 def marian_config(m: ModelConfig, vocab_size: int) -> dict:
-    """config.json: MarianConfig's fields for this model; decoding starts from BOS."""
+    """config.json: MarianConfig's fields for this model in OPUS-MT's layout (marian_order): </s> 0,
+    and the last token both pads and starts the decoder."""
+    start = vocab_size - 1
     return {
         "architectures": ["MarianMTModel"],
         "model_type": "marian",
@@ -187,37 +241,45 @@ def marian_config(m: ModelConfig, vocab_size: int) -> dict:
         "activation_dropout": m.activation_dropout,
         "max_position_embeddings": m.max_positions,
         "scale_embedding": True,
-        "pad_token_id": PAD,
-        "eos_token_id": EOS,
-        "forced_eos_token_id": EOS,
-        "decoder_start_token_id": BOS,
+        "pad_token_id": start,
+        "eos_token_id": MARIAN_EOS,
+        "forced_eos_token_id": MARIAN_EOS,
+        "decoder_start_token_id": start,
         "bos_token_id": None,
         "is_encoder_decoder": True,
     }
 
 
-def generation_config(d: DecodeConfig, m: ModelConfig) -> dict:
-    """The checkpoint's decode settings as far as transformers' generate expresses them.
+def generation_config(d: DecodeConfig, m: ModelConfig, vocab_size: int) -> dict:
+    """The checkpoint's decode settings as far as transformers' generate expresses them, and only those
+    its default generation uses (transformers warns, at every call, about a flag its mode ignores).
 
     Not expressible: the output limit a * source length + b (max_length is absolute: the model's
     positions here), and the GNMT length penalty ((5 + |Y|) / 6)^alpha (transformers divides by
     |Y|^length_penalty, so the exponent is carried, not the formula).
     """
+    start = vocab_size - 1
     config = {
-        "decoder_start_token_id": BOS,
-        "pad_token_id": PAD,
-        "eos_token_id": EOS,
-        "forced_eos_token_id": EOS,
-        "bad_words_ids": [[PAD], [BOS]],  # nmt's search never emits them
-        "num_beams": d.beam,
-        "length_penalty": d.lenpen,
+        "decoder_start_token_id": start,
+        "pad_token_id": start,
+        "eos_token_id": MARIAN_EOS,
+        "forced_eos_token_id": MARIAN_EOS,
+        "bad_words_ids": [[start]],  # nmt's search never emits its start token (nor PAD, left out)
         "max_length": m.max_positions + 1,  # the start token, then as many as the positions hold
         "min_new_tokens": d.min_len,
-        "no_repeat_ngram_size": d.no_repeat_ngram_size,
-        "num_return_sequences": d.nbest,
     }
     if d.sampling:
         config.update(do_sample=True, top_k=d.sampling_topk, top_p=d.sampling_topp, temperature=d.temperature)
+        if d.nbest > 1:
+            config["num_return_sequences"] = d.nbest
+        return config
+    config["num_beams"] = d.beam
+    if d.beam > 1:  # greedy search has no length penalty, and returns one sequence
+        config["length_penalty"] = d.lenpen
+        if d.nbest > 1:
+            config["num_return_sequences"] = d.nbest
+    if d.no_repeat_ngram_size > 0:
+        config["no_repeat_ngram_size"] = d.no_repeat_ngram_size
     return config
 
 
@@ -279,8 +341,9 @@ def import_marian(
     data = {"src_lang": src, "tgt_lang": tgt, "train": [], "valid": [], "vocab_size": len(nmt_pieces)}
     data["subword_type"] = saved.get("data", {}).get("subword_type", "unigram")
     decode = saved.get("decode") or marian_decode(folder)
+    model, state = exported_model(dataclasses.asdict(model_cfg), state, meta)
     config = config_from_dict(
-        {"data": data, "model": dataclasses.asdict(model_cfg), "decode": decode},
+        {"data": data, "model": model, "decode": decode},
         source=str(folder),
         corpora=False,
     )
@@ -292,6 +355,29 @@ def import_marian(
         vocab_size=len(nmt_pieces),
     )
     return Path(output)
+
+
+def exported_model(model: dict, state: dict[str, Tensor], meta: dict) -> tuple[dict, dict[str, Tensor]]:
+    """The model keys and weights of a folder that nmt exported in OPUS-MT's layout (nmt-meta version
+    2) as the checkpoint it came from; any other folder's unchanged.
+
+    model.decoder_start is the exported model's (its start row holds that vector either way, so both
+    read it alike; other folders start from their start token's row: bos). The PAD row, left out of the
+    export and new again here, gets back the zero output bias nmt's own PAD has, and a model that had no
+    output bias has none again: so its log-probabilities, and beam search's choices, are the original's.
+    """
+    config = meta.get("config") if meta.get("format") == META_FORMAT else None
+    saved = config.get("model") if isinstance(config, dict) else None
+    if not isinstance(saved, dict) or meta.get("version") != 2:
+        return model | {"decoder_start": "bos"}, state
+    model = model | {"decoder_start": saved.get("decoder_start", "bos")}
+    if saved.get("output_bias") is False:
+        bias = state["output_bias"].clone()
+        bias[PAD] = 0.0
+        if not bias.any():
+            state = {k: v for k, v in state.items() if k != "output_bias"}
+            model["output_bias"] = False
+    return model, state
 
 
 def model_config(hf: dict, path: Path) -> ModelConfig:

@@ -1,0 +1,147 @@
+"""The model card (README.md) of an exported MarianMT folder: what the Hugging Face Hub shows and indexes.
+
+Its front matter carries the Hub's fields: the two languages, the licence (which only the user can say:
+`nmt export --license`, a placeholder that says so until then), the pipeline tag `translation`. The body
+gives the model's sizes, the training recipe as nmt read it, and the test scores that `nmt run` wrote to
+results.json beside the checkpoint, when they are this checkpoint's.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import yaml
+
+from nmt.config import Config, config_to_dict
+from nmt.errors import NmtError
+
+LICENSE_UNSET = "unknown"  # the Hub's own word for a licence nobody stated
+LICENSE_ID = re.compile(r"[a-z0-9][a-z0-9.+-]*")  # the Hub's licence identifiers: apache-2.0, cc-by-4.0, ...
+
+
+def check_license(license: str | None) -> str | None:
+    """`--license` as the Hub writes licences (lower case, e.g. apache-2.0); NmtError otherwise."""
+    if license is not None and not LICENSE_ID.fullmatch(license):
+        raise NmtError(
+            f"--license {license!r}: expected a licence identifier as the Hugging Face Hub writes it, "
+            "e.g. apache-2.0, mit, cc-by-4.0"
+        )
+    return license
+
+
+def model_card(cfg: Config, model_path: Path, license: str | None = None) -> str:
+    """README.md for the export of the checkpoint `model_path` (whose config is `cfg`)."""
+    check_license(license)
+    src, tgt, m = cfg.data.src_lang, cfg.data.tgt_lang, cfg.model
+    front = {
+        "language": [src, tgt],
+        "license": license or LICENSE_UNSET,
+        "pipeline_tag": "translation",
+        "library_name": "transformers",
+        "tags": ["translation", "marian", "nmt"],
+    }
+    head = yaml.safe_dump(front, sort_keys=False, allow_unicode=True).rstrip("\n")
+    if license is None:  # a YAML comment on the licence's own line
+        unset = f"license: {LICENSE_UNSET}"
+        head = head.replace(unset, unset + "  # not set: export again with --license, e.g. apache-2.0", 1)
+    lines = [
+        "---",
+        head,
+        "---",
+        "",
+        f"# {src}-{tgt}",
+        "",
+        f"A Transformer (Vaswani et al., 2017) translating {src} into {tgt}, trained with nmt and exported "
+        "as a MarianMT model (OPUS-MT's layout) for transformers, ONNX and CTranslate2.",
+        "",
+        "## Licence",
+        "",
+        f"`{license}`" if license else "Not set: who publishes the model sets it (`nmt export --license`).",
+        "",
+        "## Use",
+        "",
+        "```python",
+        "from transformers import MarianMTModel, MarianTokenizer",
+        "",
+        'tokenizer = MarianTokenizer.from_pretrained("path/to/this/folder")',
+        'model = MarianMTModel.from_pretrained("path/to/this/folder")',
+        'batch = tokenizer(["A sentence to translate."], return_tensors="pt")',
+        "print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))",
+        "```",
+        "",
+        "## Model",
+        "",
+        f"- {m.encoder_layers} encoder and {m.decoder_layers} decoder layers, d_model {m.d_model}, "
+        f"feed-forward {m.d_ff}, {m.heads} heads, {m.activation}, post-LayerNorm, sinusoidal positions",
+        f"- one vocabulary of {cfg.data.vocab_size} SentencePiece pieces shared by both languages and the "
+        "output projection",
+        f"- the decoder starts from {start_description(m.decoder_start)}",
+        "",
+        "## Test scores",
+        "",
+        *scores_table(model_path),
+        "",
+        "## Training recipe",
+        "",
+        "The configuration nmt trained with (`nmt train`), every default filled in:",
+        "",
+        "```yaml",
+        yaml.safe_dump(recipe(cfg), sort_keys=False, allow_unicode=True).rstrip("\n"),
+        "```",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def start_description(decoder_start: str) -> str:
+    if decoder_start == "zero":
+        return (
+            "a zero vector (`model.decoder_start: zero`, Marian's convention): CTranslate2's "
+            "ct2-transformers-converter is exact too"
+        )
+    return (
+        "a learned vector (`model.decoder_start: bos`), the <pad> row: transformers and ONNX are exact; "
+        "CTranslate2's ct2-transformers-converter starts from a zero vector instead, so convert the "
+        "checkpoint with `nmt export --format ctranslate2`"
+    )
+
+
+def recipe(cfg: Config) -> dict:
+    """The config's sections, without fine-tuning's checkpoint path (a path of the machine that trained)."""
+    sections = config_to_dict(cfg)
+    if sections["data"].get("init_from"):
+        sections["data"]["init_from"] = Path(sections["data"]["init_from"]).name
+    return sections
+
+
+def scores_table(model_path: Path) -> list[str]:
+    """The test scores of results.json (from `nmt run`) beside the checkpoint or in its run's folder, as
+    a Markdown table; only when they were measured on this checkpoint."""
+    for folder in (model_path.parent, model_path.parent.parent):
+        results = read_results(folder / "results.json")
+        if results is None or Path(str(results.get("model", ""))).name != model_path.name:
+            continue
+        d = results.get("decode", {})
+        rows = [
+            f"sacreBLEU and chrF of `nmt run` (beam {d.get('beam')}, length penalty {d.get('lenpen')}):",
+            "",
+            "| test set | BLEU | chrF | BLEU signature |",
+            "| --- | --- | --- | --- |",
+        ]
+        for name, entry in results["tests"].items():
+            bleu, chrf = entry.get("bleu", {}), entry.get("chrf", {})
+            signature = bleu.get("signature", "")
+            rows.append(f"| {name} | {bleu.get('score', '')} | {chrf.get('score', '')} | `{signature}` |")
+        return rows
+    return ["None recorded: `nmt run` writes them to results.json beside the checkpoints it scores."]
+
+
+def read_results(path: Path) -> dict | None:
+    """results.json if it is one `nmt run` wrote (an object with a `tests` object), else None."""
+    try:
+        results = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    ok = isinstance(results, dict) and isinstance(results.get("tests"), dict)
+    return results if ok and all(isinstance(e, dict) for e in results["tests"].values()) else None
