@@ -429,6 +429,12 @@ def translate(
         typer.Option("--interactive", help="Answer each line as soon as it is read (default on a terminal)."),
     ] = False,
     engine: EngineOpt = Engine.TORCH,
+    split_sentences: Annotated[
+        bool,
+        typer.Option(
+            "--split-sentences", help="Translate each line sentence by sentence, joined with its own spacing."
+        ),
+    ] = False,
 ) -> None:
     """Translate lines: exactly one output line for every input line, in order.
 
@@ -475,6 +481,7 @@ def translate(
         engine=engine,
         prefix=prefix,
         scored=nbest is not None,
+        split_sentences=split_sentences,
     )
 
 

@@ -182,3 +182,27 @@ def test_the_trained_reversal_model_aligns_by_its_own_attention(synthetic_run):
     doc = Document(fragment, "xx")
     out = doc.join(translator.translate(doc.lines()), aligner.align)
     assert out == "<p>f <i>e d</i> c <b>b</b> a</p>"
+
+
+class Reverser:
+    """A line translator that reverses words, scoring each line -1 per word."""
+
+    max_chars = 1000
+
+    def translate_nbest(self, lines, first_line=1, prefixes=None):
+        blank = [("", 0.0)]
+        return [[(reverse(line), -float(len(line.split())))] if line.strip() else blank for line in lines]
+
+
+def test_split_sentences_keeps_one_line_per_line_and_the_spacing():
+    from nmt.translate.split import SentenceTranslator
+
+    translator = SentenceTranslator(Reverser(), "en")
+    lines = ["a b.  c d e!", "", "  f g?  ", "h"]
+    assert translator.translate_nbest(lines) == [
+        [("b. a  e! d c", -5.0)],
+        [("", 0.0)],
+        [("g? f", -2.0)],
+        [("h", -1.0)],
+    ]
+    assert translator.max_chars == 1000

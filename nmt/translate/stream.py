@@ -18,10 +18,11 @@ from typing import BinaryIO
 from rich.console import Console
 
 from nmt.config import DecodeOverrides, Engine, Precision
-from nmt.errors import NmtError
+from nmt.errors import ConfigError, NmtError
 from nmt.output import output_stream, refuse_input_as_output, stdout, write_failed
 from nmt.progress import Progress, count_lines
 from nmt.translate.builder import build_translator
+from nmt.translate.split import SentenceTranslator
 
 CHUNK_LINES = 2000  # lines read, sorted and batched together; their translations are flushed together
 
@@ -107,6 +108,7 @@ def translate_stream(
     engine: Engine | str = Engine.TORCH,
     prefix: Path | None = None,
     scored: bool = False,
+    split_sentences: bool = False,
 ) -> None:
     """`nmt translate`: lines from `input` (default stdin) to `output` (default stdout), in order.
 
@@ -114,14 +116,21 @@ def translate_stream(
     input order, flushing after each chunk; from a terminal or with `interactive`, line by line.
     Decode settings default to the checkpoint's own `decode` section, overridden by the options given.
     `scored` (or decode.nbest > 1) switches to the format `index<TAB>score<TAB>text`, index the 0-based
-    input line. `prefix` is a file of target prefixes, one per input line.
+    input line. `prefix` is a file of target prefixes, one per input line. `split_sentences`: each line
+    translated sentence by sentence (nmt.translate.split), still one line out.
     """
+    if split_sentences and prefix is not None:
+        raise ConfigError(
+            "--prefix and --split-sentences: a prefix begins a line's translation, not a sentence's"
+        )
     # Before anything is opened for writing: an output that is an input would be emptied before it is read.
     refuse_input_as_output(output, [input, prefix])
     if output is None:
         stdout()  # a closed standard output is one line now, not after the model has loaded
     built = build_translator(model_path, overrides, device, dtype, engine, console)
     translator, decode = built.translator, built.decode
+    if split_sentences:
+        translator = SentenceTranslator(translator, built.src_lang)
     source = open_input(input)
     prefixes = open_input(prefix) if prefix is not None else None
     interactive = interactive or (input is None and sys.stdin.isatty())
