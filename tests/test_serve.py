@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -275,6 +276,9 @@ def test_the_page_shows_the_pair_and_settings(server):
         page = r.read().decode()
     assert "xx to yy" in page and "<dt>beam</dt><dd>4</dd>" in page
     assert not re.search(r'(src|href)="(https?:)?//', page)  # nothing from elsewhere: works offline
+    # The model by its file name: no server path on the page or in /health.
+    assert "<dt>model</dt><dd>best.pt</dd>" in page and "checkpoints" not in page
+    assert server.request("/health")[1]["model"] == "best.pt"
 
 
 def test_a_one_line_request_beside_a_10000_line_one_is_answered_within_a_few_seconds(synthetic_run):
@@ -576,5 +580,58 @@ def test_the_page_translates_what_is_typed_in_a_real_browser(server, tmp_path):
         shown = browser.wait_for("document.getElementById('result').textContent")
         assert shown == "d c b a"
         assert browser.evaluate("document.getElementById('status').textContent") == ""
+        assert browser.evaluate("document.getElementById('count').textContent") == "7 / 2000"
+        # The alternatives are shown; a click on one puts it in place of the translation.
+        alternatives = "[...document.querySelectorAll('#alternatives li')].map((li) => li.textContent)"
+        shown_alternatives = browser.wait_for(alternatives)
+        assert len(shown_alternatives) == 2 and "d c b a" not in shown_alternatives
+        browser.evaluate("document.querySelector('#alternatives li').click()")
+        assert browser.evaluate("document.getElementById('result').textContent") == shown_alternatives[0]
+        assert browser.evaluate(alternatives) == ["d c b a", shown_alternatives[1]]
+        screenshot(browser, tmp_path / "typed.png")
+        # Copy (the clipboard or, without permission, the text selected), then clear.
+        browser.evaluate("document.getElementById('copy').click()")
+        assert browser.wait_for("document.getElementById('status').textContent") in ("copied", "selected")
+        browser.evaluate("document.getElementById('clear').click()")
+        assert browser.evaluate("document.getElementById('source').value") == ""
+        assert browser.evaluate("document.getElementById('result').textContent") == ""
+        assert browser.evaluate("document.getElementById('count').textContent") == "0 / 2000"
+        # A .txt file translated, offered for download.
+        upload = tmp_path / "in.txt"
+        upload.write_text("a b c\np o n\n")
+        node = browser.call("Runtime.evaluate", expression="document.getElementById('file')")["result"]
+        browser.call("DOM.getDocument")
+        browser.call("DOM.setFileInputFiles", files=[str(upload)], objectId=node["objectId"])
+        browser.evaluate("document.getElementById('file').dispatchEvent(new Event('change'))")
+        href = browser.wait_for(
+            "!document.getElementById('download').hidden && document.getElementById('download').href"
+        )
+        assert browser.evaluate("document.getElementById('download').download") == "in.yy.txt"
+        got = browser.evaluate(f"fetch({json.dumps(href)}).then((r) => r.text())")
+        assert got is None or got == "c b a\nn o p\n"  # a promise: read it again below
+        text = browser.call(
+            "Runtime.evaluate",
+            expression=f"fetch({json.dumps(href)}).then((r) => r.text())",
+            awaitPromise=True,
+        )["result"]["value"]
+        assert text == "c b a\nn o p\n"
+        # The API box: a curl line that works as it is shown.
+        curl = browser.evaluate("document.getElementById('curl').textContent")
+        assert curl.startswith(f"curl -s {server.url}/translate ")
+        if shutil.which("curl"):
+            out = subprocess.run(["sh", "-c", curl], capture_output=True, text=True, timeout=30)
+            assert json.loads(out.stdout)["translatedText"]
+        browser.evaluate("document.getElementById('api').open = true")
+        screenshot(browser, tmp_path / "file-and-api.png")
     finally:
         browser.close()
+
+
+def screenshot(browser: Browser, path: Path) -> None:
+    """A PNG of the page, kept with the test's files (NMT_SCREENSHOTS: a folder to copy it to)."""
+    import base64
+
+    data = base64.b64decode(browser.call("Page.captureScreenshot", format="png")["data"])
+    path.write_bytes(data)
+    if folder := os.environ.get("NMT_SCREENSHOTS"):
+        Path(folder, path.name).write_bytes(data)

@@ -55,7 +55,8 @@ class Service:
 
     def __init__(self, batcher: Batcher, src: str, tgt: str, settings: ServeSettings, model: str):
         self.batcher, self.src, self.tgt = batcher, src, tgt
-        self.settings, self.model_name = settings, model
+        self.settings = settings
+        self.model_name = model.replace("\\", "/").rsplit("/", 1)[-1]  # the file name: no server path shown
         self.detector = Detector(src)
         self.aligner = aligner(batcher.translator)
 
