@@ -247,7 +247,7 @@ def test_libretranslate_fields_auto_alternatives_html_form_and_truncation(server
 
 
 def test_a_paragraph_comes_back_as_its_sentences_translated_alone(server):
-    sentences = ["a b c.", "d e!", "f g h?", "i j k l."]
+    sentences = ["a b c.", "D e!", "F g h?", "I j k l."]  # capitals: pysbd splits before them
     paragraph = "  ".join(sentences[:2]) + " " + "\t".join(sentences[2:])
     alone = [server.request("/translate", libre(s))[1]["translatedText"] for s in sentences]
     status, body = server.request("/translate", libre(paragraph))
@@ -607,8 +607,6 @@ def test_the_page_translates_what_is_typed_in_a_real_browser(server, tmp_path):
             "!document.getElementById('download').hidden && document.getElementById('download').href"
         )
         assert browser.evaluate("document.getElementById('download').download") == "in.yy.txt"
-        got = browser.evaluate(f"fetch({json.dumps(href)}).then((r) => r.text())")
-        assert got is None or got == "c b a\nn o p\n"  # a promise: read it again below
         text = browser.call(
             "Runtime.evaluate",
             expression=f"fetch({json.dumps(href)}).then((r) => r.text())",
