@@ -497,6 +497,12 @@ def translate(
     ] = False,
     engine: EngineOpt = Engine.TORCH,
     shortlist: ShortlistOpt = None,
+    split_sentences: Annotated[
+        bool,
+        typer.Option(
+            "--split-sentences", help="Translate each line sentence by sentence, joined with its own spacing."
+        ),
+    ] = False,
 ) -> None:
     """Translate lines: exactly one output line for every input line, in order.
 
@@ -548,6 +554,7 @@ def translate(
         scored=nbest is not None,
         glossary=glossary,
         avoid=avoid,
+        split_sentences=split_sentences,
     )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -25,7 +26,7 @@ pytest.importorskip("starlette", reason="nmt serve needs its extra: pip install 
 
 from nmt.config import DecodeConfig  # noqa: E402
 from nmt.errors import NmtError  # noqa: E402
-from nmt.serve import Batcher, Metrics, ServeSettings, markup_join, markup_lines, markup_parts  # noqa: E402
+from nmt.serve import Batcher, Metrics, ServeSettings  # noqa: E402
 from nmt.translate import token_batches  # noqa: E402
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
@@ -244,19 +245,31 @@ def test_http_edges_answer_in_json_with_the_right_status(server):
 def test_libretranslate_fields_auto_alternatives_html_form_and_truncation(server):
     status, body = server.request("/translate", {"q": "a b c", "source": "auto", "target": "yy"})
     assert status == 200
-    assert body == {"translatedText": "c b a", "detectedLanguage": {"confidence": 100.0, "language": "xx"}}
+    # "a b c" is too short to detect: taken as the model's source, with the detector's own confidence.
+    assert body["translatedText"] == "c b a" and body["detectedLanguage"]["language"] == "xx"
+    assert body["detectedLanguage"]["confidence"] < 90 and "too short" in body["detectedLanguage"]["note"]
     status, body = server.request("/translate", libre(["a b", "c d"], source="auto"))
-    assert body["detectedLanguage"] == [{"confidence": 100.0, "language": "xx"}] * 2
+    assert [d["language"] for d in body["detectedLanguage"]] == ["xx", "xx"]
+    german = "Ein Mann mit einem orangefarbenen Hut starrt auf etwas."
+    status, body = server.request("/translate", {"q": german, "source": "auto", "target": "yy"})
+    assert status == 400 and "in de" in body["error"] and "xx to yy" in body["error"]
+    status, body = server.request("/detect", {"q": german})
+    assert status == 200 and body[0]["language"] == "de" and body[0]["confidence"] > 90
     status, body = server.request("/translate", libre("a b c d", alternatives=2))
     assert status == 200 and body["translatedText"] == "d c b a"
     alternatives = body["alternatives"]
     assert len(alternatives) == 2 and len({body["translatedText"], *alternatives}) == 3
+    # A block is translated whole, its inline tags on the words the model's attention aligns them to.
     html = '<p class="x">a b <b>c d</b> e</p>\n<ul><li>f g</li></ul><script>var a = "b c";</script>'
     status, body = server.request("/translate", libre(html, format="html"))
     assert status == 200
     assert body["translatedText"] == (
-        '<p class="x">b a <b>d c</b> e</p>\n<ul><li>g f</li></ul><script>var a = "b c";</script>'
+        '<p class="x">e <b>d c</b> b a</p>\n<ul><li>g f</li></ul><script>var a = "b c";</script>'
     )
+    status, body = server.request("/translate", libre(["x", html, "<i>p</i> o"], format="html"))
+    assert body["translatedText"][1] == (
+        '<p class="x">e <b>d c</b> b a</p>\n<ul><li>g f</li></ul><script>var a = "b c";</script>'
+    )  # the same alone or among others
     # LibreTranslate's Python client: form-encoded, with an api_key (accepted and ignored).
     form = b"q=a+b+c&source=xx&target=yy&format=text&api_key=secret&alternatives=1"
     status, body = server.request("/translate", raw=form, ctype="application/x-www-form-urlencoded")
@@ -274,7 +287,19 @@ def test_libretranslate_fields_auto_alternatives_html_form_and_truncation(server
     assert status == 200 and body["truncated"] == [2]
     status, body = server.request("/translate", libre(["a", long_line]))
     assert body["truncated"] == [[], [1]]
-    assert server.request("/detect", {"q": "a b"}) == (200, [{"confidence": 100.0, "language": "xx"}])
+    status, body = server.request("/detect", {"q": "a b"})
+    assert status == 200 and body[0]["confidence"] < 90  # the detector's real answer, unsure
+
+
+def test_a_paragraph_comes_back_as_its_sentences_translated_alone(server):
+    sentences = ["a b c.", "D e!", "F g h?", "I j k l."]  # capitals: pysbd splits before them
+    paragraph = "  ".join(sentences[:2]) + " " + "\t".join(sentences[2:])
+    alone = [server.request("/translate", libre(s))[1]["translatedText"] for s in sentences]
+    status, body = server.request("/translate", libre(paragraph))
+    assert status == 200
+    assert body["translatedText"] == "  ".join(alone[:2]) + " " + "\t".join(alone[2:])
+    status, body = server.request("/translate", libre(paragraph, split_sentences=False))
+    assert status == 200 and body["translatedText"] != "  ".join(alone[:2]) + " " + "\t".join(alone[2:])
 
 
 def test_metrics_in_prometheus_text(server):
@@ -346,6 +371,9 @@ def test_the_page_shows_the_pair_and_settings(server):
         page = r.read().decode()
     assert "xx to yy" in page and "<dt>beam</dt><dd>4</dd>" in page
     assert not re.search(r'(src|href)="(https?:)?//', page)  # nothing from elsewhere: works offline
+    # The model by its file name: no server path on the page or in /health.
+    assert "<dt>model</dt><dd>best.pt</dd>" in page and "checkpoints" not in page
+    assert server.request("/health")[1]["model"] == "best.pt"
 
 
 def test_a_one_line_request_beside_a_10000_line_one_is_answered_within_a_few_seconds(served):
@@ -579,14 +607,6 @@ def test_batches_of_tiny_lines_are_costed_by_the_steps_their_search_may_take():
         b.close(5)
 
 
-def test_html_markup_is_kept_and_text_nodes_are_lines():
-    text = 'Hi <a href="/x?a=1&amp;b=2">the <i>dog</i></a>!<br/>&lt;ok&gt;<!-- note -->'
-    parts = markup_parts(text)
-    assert markup_lines(parts) == ["Hi", "the", "dog", "!", "<ok>"]
-    out = markup_join(parts, ["1", "2", "3", "4", "<5>"])
-    assert out == '1 <a href="/x?a=1&amp;b=2">2 <i>3</i></a>4<br/>&lt;5&gt;<!-- note -->'
-
-
 def serve_once(run: Path, port: int = 0, settings: ServeSettings | None = None, options: dict | None = None):
     from nmt import serve as serve_module
     from nmt.config import DecodeOverrides
@@ -711,5 +731,56 @@ def test_the_page_translates_what_is_typed_in_a_real_browser(server, tmp_path):
         shown = browser.wait_for("document.getElementById('result').textContent")
         assert shown == "d c b a"
         assert browser.evaluate("document.getElementById('status').textContent") == ""
+        assert browser.evaluate("document.getElementById('count').textContent") == "7 / 2000"
+        # The alternatives are shown; a click on one puts it in place of the translation.
+        alternatives = "[...document.querySelectorAll('#alternatives li')].map((li) => li.textContent)"
+        shown_alternatives = browser.wait_for(alternatives)
+        assert len(shown_alternatives) == 2 and "d c b a" not in shown_alternatives
+        browser.evaluate("document.querySelector('#alternatives li').click()")
+        assert browser.evaluate("document.getElementById('result').textContent") == shown_alternatives[0]
+        assert browser.evaluate(alternatives) == ["d c b a", shown_alternatives[1]]
+        screenshot(browser, tmp_path / "typed.png")
+        # Copy (the clipboard or, without permission, the text selected), then clear.
+        browser.evaluate("document.getElementById('copy').click()")
+        assert browser.wait_for("document.getElementById('status').textContent") in ("copied", "selected")
+        browser.evaluate("document.getElementById('clear').click()")
+        assert browser.evaluate("document.getElementById('source').value") == ""
+        assert browser.evaluate("document.getElementById('result').textContent") == ""
+        assert browser.evaluate("document.getElementById('count').textContent") == "0 / 2000"
+        # A .txt file translated, offered for download.
+        upload = tmp_path / "in.txt"
+        upload.write_text("a b c\np o n\n")
+        node = browser.call("Runtime.evaluate", expression="document.getElementById('file')")["result"]
+        browser.call("DOM.getDocument")
+        browser.call("DOM.setFileInputFiles", files=[str(upload)], objectId=node["objectId"])
+        browser.evaluate("document.getElementById('file').dispatchEvent(new Event('change'))")
+        href = browser.wait_for(
+            "!document.getElementById('download').hidden && document.getElementById('download').href"
+        )
+        assert browser.evaluate("document.getElementById('download').download") == "in.yy.txt"
+        text = browser.call(
+            "Runtime.evaluate",
+            expression=f"fetch({json.dumps(href)}).then((r) => r.text())",
+            awaitPromise=True,
+        )["result"]["value"]
+        assert text == "c b a\nn o p\n"
+        # The API box: a curl line that works as it is shown.
+        curl = browser.evaluate("document.getElementById('curl').textContent")
+        assert curl.startswith(f"curl -s {server.url}/translate ")
+        if shutil.which("curl"):
+            out = subprocess.run(["sh", "-c", curl], capture_output=True, text=True, timeout=30)
+            assert json.loads(out.stdout)["translatedText"]
+        browser.evaluate("document.getElementById('api').open = true")
+        screenshot(browser, tmp_path / "file-and-api.png")
     finally:
         browser.close()
+
+
+def screenshot(browser: Browser, path: Path) -> None:
+    """A PNG of the page, kept with the test's files (NMT_SCREENSHOTS: a folder to copy it to)."""
+    import base64
+
+    data = base64.b64decode(browser.call("Page.captureScreenshot", format="png")["data"])
+    path.write_bytes(data)
+    if folder := os.environ.get("NMT_SCREENSHOTS"):
+        Path(folder, path.name).write_bytes(data)

@@ -25,7 +25,7 @@ model cannot finish in time, stop the worker between batches and exit 0 within `
 
 from nmt.serve.batcher import Batcher
 from nmt.serve.http import serve
-from nmt.serve.markup import markup_join, markup_lines, markup_parts
+from nmt.serve.markup import Document, tokens
 from nmt.serve.metrics import Metrics
 from nmt.serve.settings import HTTPError, ServeSettings
 
@@ -34,8 +34,7 @@ __all__ = [
     "HTTPError",
     "Metrics",
     "ServeSettings",
-    "markup_join",
-    "markup_lines",
-    "markup_parts",
+    "Document",
     "serve",
+    "tokens",
 ]

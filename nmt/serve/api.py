@@ -9,8 +9,9 @@ from dataclasses import dataclass
 
 from nmt.errors import NmtError
 from nmt.serve.batcher import Batcher, QueueFull
-from nmt.serve.kept import kept_spans, spans_in
-from nmt.serve.markup import markup_join, markup_lines, markup_parts
+from nmt.serve.detect import Detector
+from nmt.serve.documents import aligner, document
+from nmt.serve.kept import spans_in
 from nmt.serve.settings import HTTPError, ServeSettings, accept
 from nmt.translate.frontend import rows_per_sentence
 
@@ -46,11 +47,10 @@ class Text:
     """One text of a request: its lines to translate, and how to put the translations together."""
 
     lines: list[str]
-    parts: list | None = None  # html: the fragment's parts
-    kept: list[str] | None = None  # html: the texts of its translate="no" elements, copied as they are
+    kept: list[str] | None = None  # the texts of its translate="no" elements, copied as they are
 
     def join(self, translations: list[str]) -> str:
-        return markup_join(self.parts, translations) if self.parts is not None else "\n".join(translations)
+        return "\n".join(translations)
 
 
 class Service:
@@ -58,7 +58,10 @@ class Service:
 
     def __init__(self, batcher: Batcher, src: str, tgt: str, settings: ServeSettings, model: str):
         self.batcher, self.src, self.tgt = batcher, src, tgt
-        self.settings, self.model_name = settings, model
+        self.settings = settings
+        self.model_name = model.replace("\\", "/").rsplit("/", 1)[-1]  # the file name: no server path shown
+        self.detector = Detector(src)
+        self.aligner = aligner(batcher.translator)
         from nmt.translate.terminology import server_terminology
 
         # glossaries: the server's own (--glossary), and a request's added to it; None: the engine takes none
@@ -186,30 +189,49 @@ class Service:
             raise HTTPError(422, f'"alternatives" must be a whole number 0 or more, got {alternatives!r}')
         # "api_key" and any other field LibreTranslate's clients send are accepted and ignored.
         alternatives = min(alternatives, self.max_alternatives)
-        if fmt == "html":
-            items = []
-            for t in texts:
-                parts = markup_parts(t)
-                items.append(Text(markup_lines(parts), parts, kept_spans(t)))
-        else:
-            items = [Text(split_lines(t)) for t in texts]
+        split = body.get("split_sentences", True)  # nmt's own field: false sends each line whole
+        if not isinstance(split, bool):
+            raise HTTPError(422, f'"split_sentences" must be true or false, got {split!r}')
+        detections = [self.detected(t) for t in texts] if source == "auto" else None
+        items = [document(t, fmt, self.src, split) for t in texts]
         nbest = 1 + alternatives
         results, truncated = await self.translate(items, nbest, body.get("glossary"))
-        translated = [t.join(nth(r, 0)) for t, r in zip(items, results, strict=True)]
-        answer: dict = {"translatedText": translated[0] if single else translated}
-        if source == "auto":  # the model has one source language: that is what is "detected"
-            detected = {"confidence": 100.0, "language": self.src}
-            answer["detectedLanguage"] = detected if single else [detected] * len(texts)
+        answers = [[nth(r, k) for k in range(nbest)] for r in results]
+        if fmt == "html":  # the markup placed by the model's attention: a forward pass per sentence
+            joined = await asyncio.to_thread(self.join_all, items, answers)
+        else:
+            joined = self.join_all(items, answers)
+        answer: dict = {"translatedText": joined[0][0] if single else [j[0] for j in joined]}
+        if detections is not None:
+            detected = [d.answer() for d in detections]
+            answer["detectedLanguage"] = detected[0] if single else detected
         if alternatives:
-            alts = [[t.join(nth(r, k)) for k in range(1, nbest)] for t, r in zip(items, results, strict=True)]
+            alts = [j[1:] for j in joined]
             answer["alternatives"] = alts[0] if single else alts
         if any(truncated):
             answer["truncated"] = truncated[0] if single else truncated
         return answer
 
+    def join_all(self, items, answers: list[list[list[str]]]) -> list[list[str]]:
+        """Each text's translation and alternatives put together (markup placed, sentences joined)."""
+        align = self.aligner.align if self.aligner is not None else None
+        return [[item.join(a, align) for a in ans] for item, ans in zip(items, answers, strict=True)]
+
+    def detected(self, text: str):
+        """The language of a text sent with source "auto"; 400 when it is surely not the model's."""
+        d = self.detector.detect(text)
+        if d.sure and d.language != self.src:
+            raise HTTPError(
+                400,
+                f"the text is in {d.language} ({d.confidence:.1f}% sure), "
+                f"but this server translates {self.src} to {self.tgt}",
+            )
+        return d
+
     def detect(self, body) -> list:
-        self.fields({**body, "source": "auto"} if isinstance(body, dict) else body)  # validated all the same
-        return [{"confidence": 100.0, "language": self.src}]
+        texts, _, _ = self.fields({**body, "source": "auto"} if isinstance(body, dict) else body)
+        d = self.detector.detect("\n".join(texts))
+        return [{"confidence": round(d.confidence, 1), "language": d.detected}]
 
     async def opennmt(self, body) -> list:
         if not (isinstance(body, list) and body and all(isinstance(x, dict) for x in body)):

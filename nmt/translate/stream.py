@@ -19,10 +19,11 @@ from rich.console import Console
 
 from nmt.atomic import STDIN, refuse_inputs
 from nmt.config import DecodeOverrides, Engine, Precision
-from nmt.errors import NmtError
+from nmt.errors import ConfigError, NmtError
 from nmt.output import output_stream, stdout, write_failed
 from nmt.progress import Progress, count_lines
 from nmt.translate.builder import build_translator
+from nmt.translate.split import SentenceTranslator
 from nmt.translate.terminology import attach_terminology
 
 CHUNK_LINES = 2000  # lines read, sorted and batched together; their translations are flushed together
@@ -111,6 +112,7 @@ def translate_stream(
     scored: bool = False,
     glossary: Path | None = None,
     avoid: Path | None = None,
+    split_sentences: bool = False,
 ) -> None:
     """`nmt translate`: lines from `input` (default stdin) to `output` (default stdout), in order.
 
@@ -118,9 +120,14 @@ def translate_stream(
     input order, flushing after each chunk; from a terminal or with `interactive`, line by line.
     Decode settings default to the checkpoint's own `decode` section, overridden by the options given.
     `scored` (or decode.nbest > 1) switches to the format `index<TAB>score<TAB>text`, index the 0-based
-    input line. `prefix` is a file of target prefixes, one per input line.
+    input line. `prefix` is a file of target prefixes, one per input line. `split_sentences`: each line
+    translated sentence by sentence (nmt.translate.split), still one line out.
     `glossary` (a TSV of terms) and `avoid` (phrases) are obeyed by the search (nmt.translate.terminology).
     """
+    if split_sentences and prefix is not None:
+        raise ConfigError(
+            "--prefix and --split-sentences: a prefix begins a line's translation, not a sentence's"
+        )
     # Before anything is opened for writing: an output that is an input would be emptied before it is read.
     # Standard input counts only when it is read: `-i in.en -o F < F` destroys nothing.
     models = model_path if isinstance(model_path, list) else [model_path]
@@ -132,6 +139,8 @@ def translate_stream(
     if decode.shortlist and (scored or decode.nbest > 1):
         console.print("scores are log-probabilities over each sentence's shortlist, not the whole vocabulary")
     attach_terminology(translator, glossary, avoid)
+    if split_sentences:
+        translator = SentenceTranslator(translator, built.src_lang)
     source = open_input(input)
     prefixes = open_input(prefix) if prefix is not None else None
     interactive = interactive or (input is None and sys.stdin.isatty())

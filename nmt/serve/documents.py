@@ -1,0 +1,60 @@
+"""What a LibreTranslate text becomes before the model sees it: its sentences (format "text": each line cut
+into sentences, the spacing kept) or its HTML blocks' sentences (format "html", nmt.serve.markup), and how
+the translations are put back together."""
+
+from __future__ import annotations
+
+from nmt.sentences import join_sentences, split_sentences
+from nmt.serve.kept import kept_spans
+from nmt.serve.markup import Document
+
+
+class PlainText:
+    """A text's lines (nmt translate's line contract), each cut into sentences when `split`."""
+
+    kept = None  # no markup: nothing marked to stay as it is
+
+    def __init__(self, text: str, language: str, split: bool):
+        self.pieces: list[tuple[list[str], list[str]]] = []  # per line: (sentences, spacing around them)
+        for line in text.split("\n"):
+            line = line.removesuffix("\r")
+            if split:
+                self.pieces.append(split_sentences(line, language))
+            else:
+                self.pieces.append(([line], ["", ""]))
+        self.lines = [s for sentences, _ in self.pieces for s in sentences]
+
+    def join(self, translations: list[str], align=None) -> str:
+        it = iter(translations)
+        return "\n".join(join_sentences(gaps, [next(it) for _ in sents]) for sents, gaps in self.pieces)
+
+
+class HtmlText:
+    """An HTML fragment's sentences, its markup placed again by word alignment."""
+
+    needs_alignment = True
+
+    def __init__(self, text: str, language: str, split: bool):
+        self.document = Document(text, language, split)
+        # translate="no" texts: copied by the markup itself, and by the search wherever a sentence holds one
+        self.kept = kept_spans(text)
+        self.lines = self.document.lines()
+
+    def join(self, translations: list[str], align=None) -> str:
+        return self.document.join(translations, align)
+
+
+def document(text: str, fmt: str, language: str, split: bool) -> PlainText | HtmlText:
+    return HtmlText(text, language, split) if fmt == "html" else PlainText(text, language, split)
+
+
+def aligner(translator):
+    """The word aligner of a translator's model (nmt.translate.align), or None where the engine has no
+    attention to read (CTranslate2, an ensemble): markup is then placed by relative position."""
+    from nmt.model import Transformer
+    from nmt.translate.align import Aligner
+
+    model = getattr(translator, "model", None)
+    if not isinstance(model, Transformer):
+        return None
+    return Aligner(model, translator.subword)
