@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from nmt.serve.kept import kept_spans, spans_in
 from nmt.serve.documents import document
+from nmt.serve.kept import kept_spans, spans_in
 from nmt.translate.terminology import glossary_of
 
 from .test_serve import Server, libre
