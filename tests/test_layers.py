@@ -18,7 +18,7 @@ LAYERS = [
     ["nmt", "nmt.errors", "nmt.tokens", "nmt.progress"],  # nothing of nmt
     ["nmt.atomic", "nmt.config"],
     ["nmt.output", "nmt.device"],
-    ["nmt.subword", "nmt.score", "nmt.plot"],
+    ["nmt.subword", "nmt.score", "nmt.plot", "nmt.sentences"],
     ["nmt.data", "nmt.model"],  # side by side
     ["nmt.checkpoint"],
     ["nmt.formats", "nmt.untrained", "nmt.shortlist"],

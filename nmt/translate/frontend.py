@@ -188,10 +188,8 @@ class LineTranslator:
                 results[i] = [(one_line(text), h.score) for text, h in zip(texts, hyps, strict=True)]
             if on_batch is not None:
                 on_batch(len(lines))
-        if constraints:
-            from nmt.translate.terminology import search_terms
-
-            search_terms(self, results, sources, forced, nbest, constraints)
+        if constraints:  # the terminology searches its own lines (and imports this module, not the reverse)
+            self.terminology.search(self, results, sources, forced, nbest, constraints)
             if on_batch is not None:
                 on_batch(sum(1 for i in sources if i in constraints))
         return results

@@ -239,6 +239,10 @@ class Terminology:
                 )
         return [c for c, _ in pairs]
 
+    def search(self, translator, results: list, sources: dict, forced, nbest, constraints) -> None:
+        """The lines with terms, searched under them: `search_terms`."""
+        search_terms(translator, results, sources, forced, nbest, constraints)
+
     def apply(
         self, lines: dict[int, str], extra: Glossary | None = None, kept: dict[int, list[str]] | None = None
     ) -> dict[int, list[Constraint]]:
