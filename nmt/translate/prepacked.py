@@ -129,7 +129,7 @@ def prepack_decoder(model: nn.Module) -> bool:
     if param.device.type != "cpu" or param.dtype != torch.float32 or not available():
         return False
     model.eval()
-    for ffn in model.decoder.modules():
+    for ffn in list(model.decoder.modules()):
         # max(0, x W1 + b1) in one oneDNN call: fc1 applies the ReLU, the activation itself becomes a no-op
         if isinstance(ffn, FeedForward) and ffn.activation is F.relu:
             ffn.fc1, ffn.activation = PrepackedLinear(ffn.fc1.weight, ffn.fc1.bias, "relu"), _applied
