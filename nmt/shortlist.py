@@ -179,6 +179,9 @@ class ShortlistDecoder:
     def select_rows(self, state, rows: Tensor):
         return self.model.select_rows(state, rows)
 
+    def expand_beams(self, state, beam: int):
+        return self.model.expand_beams(state, beam)  # the sentences' sets stay once per sentence
+
 
 # ---- building -------------------------------------------------------------------------------------------
 
