@@ -154,7 +154,7 @@ def reported(path: Path | str, errnos: frozenset[int] | None = None) -> Iterator
     except OSError as e:
         if errnos is not None and e.errno not in errnos:
             raise
-        raise OutputError(f"{path}: cannot write: {e.strerror or e}") from None
+        raise OutputError(f"{path}: cannot write: {e.strerror or e}", errno=e.errno) from None
 
 
 @contextlib.contextmanager
@@ -175,7 +175,9 @@ def atomic_write(path: Path | str, mode: str = "wb", encoding: str | None = None
             # A library that writes through `f` (torch.save) may report a failed write as its own
             # error ("unexpected pos"): the OSError the file saw is what the user must read.
             if isinstance(f, WriteAll) and f.error is not None and not isinstance(e, OSError):
-                raise OutputError(f"{path}: cannot write: {f.error.strerror or f.error}") from None
+                raise OutputError(
+                    f"{path}: cannot write: {f.error.strerror or f.error}", errno=f.error.errno
+                ) from None
             raise
 
 

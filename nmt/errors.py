@@ -37,6 +37,10 @@ class OutputError(NmtError):
 
     exit_code = 1
 
+    def __init__(self, message: str, errno: int | None = None):
+        super().__init__(message)
+        self.errno = errno  # the failed write's, where one failed (ENOSPC: a full disk)
+
 
 class Signalled(BaseException):  # noqa: N818 (a signal, like KeyboardInterrupt, not an error)
     """SIGTERM or SIGHUP outside training, raised where the program is at that moment so that every

@@ -76,7 +76,10 @@ def test_without_constraints_it_is_beam_search():
     want = beam_search(model, pad(sources), 4, 0.6, 1.0, 6, nbest=2)
     got = constrained_beam_search(model, pad(sources), [[] for _ in sources], 4, 0.6, 1.0, 6, nbest=2)
     assert [[h.tokens for h in hs] for hs in got] == [[h.tokens for h in hs] for hs in want]
-    assert [[h.score for h in hs] for hs in got] == [[h.score for h in hs] for hs in want]
+    # Beam search's step 0 runs one row per sentence, whose products sum in another order than the K equal
+    # rows here: the scores (sums of at most 7 fp32 log-probabilities) agree to fp32 rounding
+    scores = [h.score for hs in got for h in hs]
+    assert scores == pytest.approx([h.score for hs in want for h in hs], rel=1e-6, abs=1e-5)
 
 
 def random_constraints(seed: int, n: int) -> list[list[Constraint]]:

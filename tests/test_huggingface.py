@@ -187,11 +187,14 @@ def test_imported_logits_equal_transformers(imported):
         ).logits[:, :, to_hf[PAD + 1 :]]
     real = (y != PAD)[:, :, None].expand_as(got)
     diff = (got - want).abs()[real].max().item()
-    assert diff < 1e-4, diff
+    # Two fp32 implementations summing in their own orders: the logits agree to a few hundred units of
+    # fp32 rounding at their own magnitude (4 layers of width 32, and swish's exp on some CPUs' kernels)
+    bound = 256 * torch.finfo(torch.float32).eps * max(1.0, want.abs().max().item())
+    assert diff < bound, (diff, bound)
     # the new padding column takes no probability: log-softmax is unchanged too
     lp_ours = torch.log_softmax(ours(x, y), -1)[:, :, PAD + 1 :]
     lp_theirs = torch.log_softmax(want, -1)
-    assert (lp_ours - lp_theirs).abs()[real].max().item() < 1e-4
+    assert (lp_ours - lp_theirs).abs()[real].max().item() < 2 * bound
 
 
 def test_imported_greedy_translations_equal_transformers(imported):

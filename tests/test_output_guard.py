@@ -150,7 +150,14 @@ def test_a_signal_mid_translation_leaves_no_temporary_file(model, tmp_path, sign
     out = tmp_path / "out.txt"
     out.write_text("previous\n")
     command = [*NMT, "translate", "-m", model, "-o", out]
-    proc = subprocess.Popen(command, stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV)
+
+    # A suite run under nohup hands its children an ignored SIGHUP, which nmt rightly keeps ignored
+    def default_hangup():
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+    proc = subprocess.Popen(
+        command, stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV, preexec_fn=default_hangup
+    )
     try:
         proc.stdin.write(b"a b c\n")  # and stdin stays open: the command waits for more lines
         proc.stdin.flush()

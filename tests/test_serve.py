@@ -263,13 +263,15 @@ def test_libretranslate_fields_auto_alternatives_html_form_and_truncation(server
     html = '<p class="x">a b <b>c d</b> e</p>\n<ul><li>f g</li></ul><script>var a = "b c";</script>'
     status, body = server.request("/translate", libre(html, format="html"))
     assert status == 200
-    assert body["translatedText"] == (
-        '<p class="x">e <b>d c</b> b a</p>\n<ul><li>g f</li></ul><script>var a = "b c";</script>'
-    )
+    if "CTranslate2" in "".join(server.log):  # no attention to read: tags placed by relative position
+        alone = body["translatedText"]
+        assert re.sub(r"<[^>]*>", "", alone) == 'e d c b a\ng fvar a = "b c";'
+        assert re.search(r"<b>\w \w</b>", alone) and alone.endswith('<script>var a = "b c";</script>')
+    else:
+        alone = '<p class="x">e <b>d c</b> b a</p>\n<ul><li>g f</li></ul><script>var a = "b c";</script>'
+        assert body["translatedText"] == alone
     status, body = server.request("/translate", libre(["x", html, "<i>p</i> o"], format="html"))
-    assert body["translatedText"][1] == (
-        '<p class="x">e <b>d c</b> b a</p>\n<ul><li>g f</li></ul><script>var a = "b c";</script>'
-    )  # the same alone or among others
+    assert body["translatedText"][1] == alone  # the same alone or among others
     # LibreTranslate's Python client: form-encoded, with an api_key (accepted and ignored).
     form = b"q=a+b+c&source=xx&target=yy&format=text&api_key=secret&alternatives=1"
     status, body = server.request("/translate", raw=form, ctype="application/x-www-form-urlencoded")
@@ -371,9 +373,10 @@ def test_the_page_shows_the_pair_and_settings(server):
         page = r.read().decode()
     assert "xx to yy" in page and "<dt>beam</dt><dd>4</dd>" in page
     assert not re.search(r'(src|href)="(https?:)?//', page)  # nothing from elsewhere: works offline
-    # The model by its file name: no server path on the page or in /health.
-    assert "<dt>model</dt><dd>best.pt</dd>" in page and "checkpoints" not in page
-    assert server.request("/health")[1]["model"] == "best.pt"
+    # The model by its file (or folder) name: no server path on the page or in /health.
+    name = server.request("/health")[1]["model"]
+    assert name in ("best.pt", "reversal-ct2") and f"<dt>model</dt><dd>{name}</dd>" in page
+    assert "checkpoints" not in page and "/tmp" not in page
 
 
 def test_a_one_line_request_beside_a_10000_line_one_is_answered_within_a_few_seconds(served):

@@ -31,7 +31,7 @@ from nmt.checkpoint import (
 )
 from nmt.config import Config, config_to_dict
 from nmt.data.loader import TrainData, shard
-from nmt.errors import CheckpointError
+from nmt.errors import CheckpointError, OutputError
 from nmt.train.runtime import Runtime
 from nmt.train.update import Learner
 
@@ -95,11 +95,13 @@ def save_training_checkpoint(
         if last.exists():
             link_or_copy(last, ckpt_dir / "last.prev.pt")
         save_checkpoint(last, **common, train_state=state)
-    except OSError as e:
+    except (OSError, OutputError) as e:
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise CheckpointError(
-                f"{ckpt_dir}: the disk filled up while saving step {prog.step}; the earlier checkpoints "
-                "are intact: free some space and run the same command to resume"
+            what = str(e) if isinstance(e, OutputError) else f"{ckpt_dir}: the disk filled up"
+            raise OutputError(
+                f"{what} while saving step {prog.step}; the earlier checkpoints are intact: free some space "
+                "and run the same command to resume",
+                errno=e.errno,
             ) from None
         raise
     if best:

@@ -322,7 +322,8 @@ def search_terms(translator, results: list, sources: dict, forced: dict | None, 
     keys = [i for i in sources if i in constraints]
     d = engine.decode
     rows = rows_per_sentence(d, nbest)
-    for batch in token_batches([len(sources[i]) + 1 for i in keys], d.batch_tokens, rows):
+    lengths = [len(sources[i]) + 1 for i in keys]
+    for batch in token_batches(lengths, d.batch_tokens, rows, d, translator.max_source):
         lines = [keys[j] for j in batch]
         wanted = [forced.get(i, []) for i in lines] if forced else None
         found = search_constrained(
