@@ -27,6 +27,7 @@ from nmt.config import load_config
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 MIB, GIB = 1 << 20, 1 << 30
+CPU_FLAGS = {"avx2", "avx512f", "avx512_bf16", "amx_tile"}  # named beside every CPU figure
 
 # ---------------------------------------------------------------------------------------------------------
 # Synthetic lengths and text
