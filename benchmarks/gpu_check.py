@@ -5,23 +5,10 @@
     PYTHONPATH=. python3 benchmarks/gpu_check.py /tmp/gc --tiny  # every stage, tiny, on the CPU
     PYTHONPATH=. python3 benchmarks/gpu_check.py out --stages demo --data runs/multi30k-en-de
 
-Each stage is a command that users or the other benchmarks run, in a child process under its own time
-cap; this script picks the settings, keeps the time and writes the report (OUT/report.md and .json,
-rewritten after every stage; logs/ and work/) from what they print. A stage that fails or runs out of
-time is recorded with the end of its log, and the next one runs:
-
-  environment   the device, torch/CUDA versions, bf16, which optional packages import, a C compiler
-  tests         `pytest -m gpu tests`: the CUDA cases of tests/test_gpu.py, each test's outcome
-  train-*       `benchmarks/train_throughput.py --json`: wmt14-en-de-base and -big at their per-GPU batch,
-                bf16, eager and compiled: tokens/s, MFU (counted FLOPs and 6N), peak memory, data wait
-  decode        `benchmarks/translate_speed.py --json`: nmt bf16 against CTranslate2 float16 and
-                bfloat16 on random weights of wmt14-en-de-base's shape
-  demo          `nmt run multi30k-en-de` on the GPU, 3 minutes of training from --data (copied) or
-                --mirror / NMT_DATA_MIRROR: updates, tokens/s, sacreBLEU
-
-The run keeps within --budget seconds (540: 9 minutes); a stage the budget cannot hold is skipped with
-the `--stages` command that runs it alone (see benchmarks/README.md). `--tiny` runs every stage on the
-CPU with tiny shapes and durations: its figures mean nothing, it proves the harness.
+Each stage (environment, tests, train-*, decode, demo: STAGES) is a command that users or the other
+benchmarks run, in a child process under its own time cap within --budget; this script picks the settings,
+keeps the time and writes OUT/report.md and .json from what they print. What each stage runs and measures,
+the budget, failures and --tiny: benchmarks/README.md, GPU check.
 """
 
 from __future__ import annotations

@@ -27,14 +27,8 @@ real translation's length; their near-ties make "same as nmt" meaningless. Witho
 are synthetic, with newstest2014's words per sentence: log-normal, mean 25, sd 14 (mu = 3.08, sigma =
 0.52), clipped to 1..120.
 
---terminology: glossaries (nmt.translate.terminology) on the --model's Multi30k test_2016_flickr at beam 4,
-from $NMT_DATA_MIRROR. Terms come from a word lexicon of Multi30k train by Dice co-occurrence (source and
-target words of 4+ letters seen 20+ times, Dice >= 0.3, each target word used once), one a line where the
-source has the source word and the reference the target word (its rarest). On those lines: the term-use
-rate with and without the glossary (outputs holding the target word as often as it matched), duplicated
-terms, BLEU and chrF; whether the other lines stay byte-identical; and sentences/s of the test set with 0%,
-10% and 100% of its lines constrained (the lines with a term, then lines given the lexicon's target for one
-of their words), the median of --repeats.
+--terminology: glossaries on the --model's Multi30k test_2016_flickr from $NMT_DATA_MIRROR: the term-use
+rate, quality, and speed with 0%, 10% and 100% of the lines constrained (benchmarks/README.md, Terminology).
 """
 
 from __future__ import annotations
