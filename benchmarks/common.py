@@ -1,7 +1,6 @@
 """What the benchmarks share: synthetic text and lengths, random-weight models, peak memory, RESULTS.md.
 
-The benchmarks are scripts (`python benchmarks/x.py`), so benchmarks/ is on sys.path and this module is
-imported as `common`. Random weights come from the library's own builder (nmt.untrained), as the tests'.
+Imported as `common` (benchmarks/ is on sys.path): benchmarks/README.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
-"""The GPU path, proven and measured in one command.
+"""The GPU path, proven and measured in one command: tests, training, decoding and a demo run.
 
-    make gpu-check                                              # the next line, into runs/gpu-check
-    PYTHONPATH=. python3 benchmarks/gpu_check.py runs/gpu-check  # on a CUDA machine: about 8 minutes
-    PYTHONPATH=. python3 benchmarks/gpu_check.py /tmp/gc --tiny  # every stage, tiny, on the CPU
-    PYTHONPATH=. python3 benchmarks/gpu_check.py out --stages demo --data runs/multi30k-en-de
-
-Each stage (environment, tests, train-*, decode, demo: STAGES) is a command that users or the other
-benchmarks run, in a child process under its own time cap within --budget; this script picks the settings,
-keeps the time and writes OUT/report.md and .json from what they print. What each stage runs and measures,
-the budget, failures and --tiny: benchmarks/README.md, GPU check.
+Each stage (STAGES; --stages) is a command run in a child process within --budget; the report goes to
+OUT/report.md and .json (--tiny: every stage tiny, on the CPU; --data, --mirror, --wheels). Stages, budget
+and failures: benchmarks/README.md, GPU check.
 """
 
 from __future__ import annotations

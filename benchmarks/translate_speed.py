@@ -1,34 +1,8 @@
 """Translation speed: nmt's PyTorch engine and CTranslate2, side by side on one model and one input.
 
-    python benchmarks/translate_speed.py --repeats 3          # random-weights model, synthetic input
-    python benchmarks/translate_speed.py --model runs/multi30k-en-de/checkpoints/average.pt \\
-        --input runs/multi30k-en-de/data/test/test_2016_flickr.en --repeats 3 --record
-
-Engines: nmt (fp32 and int8 on a CPU, bf16 on a GPU) and CTranslate2 on a folder exported from the same
-checkpoint by nmt.formats.ctranslate2 (float32 and int8 on a CPU; float16 and bfloat16 on a GPU; nmt's rows
-alone without ctranslate2). Every engine gets the same decode settings (beam 4, the checkpoint's length
-penalty and length limit), batch budget (both cut batches with nmt.translate.token_batches) and threads.
-Each engine lives in its own worker process, which loads the model once; the parent runs the timed passes
-round-robin (engine order rotated each repetition), so a neighbour stealing the CPU slows every engine
-alike, and reads each worker's high-water RSS (VmHWM) as its peak memory, and that minus the RSS after the
-imports as what the model and the decoding cost.
-
-Figures: target subwords/s and sentences/s of a full pass (median over repetitions; subwords counted by
-re-encoding each engine's output), the speed ratio nmt time / engine time per repetition, the latency of
-one sentence at a time (median), peak RSS, how many outputs are nmt's, and BLEU and chrF with --refs.
-The speed-quality table: `--model` and `--beam` repeated (each pair one round-robin group) and
-`--shortlist` (every engine also over the checkpoint's shortlist, nmt.shortlist; CTranslate2's vmap.txt).
-
-Without --model nothing is trained: a Transformer of --recipe's size (wmt14-en-de-base: the base model,
-63M parameters; `--set` to change it) with random weights and a SentencePiece model of synthetic text.
-Random weights almost never emit EOS, so every output runs to its length limit, 0 x |x| + 30 subwords:
-every engine does the same work (CTranslate2 decodes a batch up to its longest sentence's limit), about a
-real translation's length; their near-ties make "same as nmt" meaningless. Without --input the sentences
-are synthetic, with newstest2014's words per sentence: log-normal, mean 25, sd 14 (mu = 3.08, sigma =
-0.52), clipped to 1..120.
-
---terminology: glossaries on the --model's Multi30k test_2016_flickr from $NMT_DATA_MIRROR: the term-use
-rate, quality, and speed with 0%, 10% and 100% of the lines constrained (benchmarks/README.md, Terminology).
+Target subwords/s, sentences/s, latency, peak RSS and agreement per engine, over --model, --input, --beam,
+--shortlist, --refs, --threads, --device, --repeats; --terminology measures glossaries. Engines, method and
+figures: benchmarks/README.md, Translation speed and Terminology.
 """
 
 from __future__ import annotations
