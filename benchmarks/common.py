@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import datetime
 import math
-import os
 import platform
 import random
 import resource
 import shlex
-import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -215,13 +213,6 @@ def peak_memory(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device)
     return max_rss()
-
-
-def wait_measured(proc: subprocess.Popen) -> tuple[int, int, float]:
-    """Wait for a child; (exit status, its resident-set high-water mark in bytes, its CPU seconds)."""
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return proc.returncode, usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime
 
 
 # ---------------------------------------------------------------------------------------------------------

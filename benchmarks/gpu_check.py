@@ -25,6 +25,8 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
+from common import now  # benchmarks/common.py: these scripts run with benchmarks/ on sys.path
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = ROOT / "benchmarks"
 OPTIONAL = ("pytest", "ctranslate2", "triton", "numpy")
@@ -160,10 +162,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--work", type=Path, help="the stages' work, about 1 GB (default OUT/work)")
     p.add_argument("--environment", action="store_true", help=argparse.SUPPRESS)  # a child: the probe
     return p
-
-
-def now() -> str:
-    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
 
 
 def child_env(out: Path, args: argparse.Namespace, report: dict) -> dict:

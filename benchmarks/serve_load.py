@@ -48,8 +48,7 @@ class Server:
                 break
             self.log.append(line)
             if m := re.search(r"on http://127\.0\.0\.1:(\d+)", line):
-                self.port = int(m.group(1))
-                self.url = f"http://127.0.0.1:{self.port}"
+                self.url = f"http://127.0.0.1:{m.group(1)}"
                 threading.Thread(target=lambda: self.log.extend(self.proc.stderr), daemon=True).start()
                 return
         self.proc.kill()

@@ -54,12 +54,11 @@ def median_after_warmup(values: list[float]) -> float:
 def run_timed(cmd: list[str], log: Path, env: dict) -> float:
     """Run `cmd` to the end with its output in `log`; returns its peak RSS in GiB."""
     with open(log, "w") as out:
-        returncode, peak_rss, _ = common.wait_measured(
-            subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-        )
-    if returncode != 0:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+    if (returncode := os.waitstatus_to_exitcode(status)) != 0:
         print(f"warning: {cmd[0]} exited {returncode}; see {log}", file=sys.stderr)
-    return peak_rss / GIB
+    return usage.ru_maxrss * 1024 / GIB
 
 
 def nmt_row(name: str, overrides: tuple[str, ...], data: Path, out: Path, args, env: dict) -> Row:

@@ -92,7 +92,6 @@ class Worker:
     """The parent's handle on one engine's process."""
 
     def __init__(self, engine: str, compute: str, job: dict):
-        self.engine, self.compute = engine, compute
         self.name = f"{job['label']}{'nmt' if engine == 'nmt' else 'CTranslate2'} {compute}"
         self.name += " +shortlist" if job["shortlist"] else ""
         cmd = [sys.executable, __file__, "--worker"]
@@ -173,8 +172,6 @@ def table_rows(results: list[Result]) -> list[list[str]]:
     return rows
 
 
-# speed-up: nmt's time / this engine's time; latency: one sentence at a time; RSS: the worker process's
-# high-water mark, and that minus its RSS after the imports; same: outputs identical to nmt's.
 HEADER = ["engine", "tgt tok/s", "sent/s", "speed-up (min-max)", "latency ms", "RSS MiB", "Δ MiB", "same"]
 HEADER += ["BLEU", "chrF"]  # with --refs
 
