@@ -176,10 +176,7 @@ def child_env(out: Path, args: argparse.Namespace, report: dict) -> dict:
 
 def install_wheels(folder: Path, target: Path) -> tuple[Path | None, str]:
     """Unpack every wheel in `folder` into `target`, a folder for the path: (target or None, what happened).
-
-    A wheel is a zip of what goes into site-packages, so unpacking needs neither pip nor an index, and
-    works where pip refuses a system python (PEP 668). Console scripts are not made: none is needed.
-    """
+    No pip, no index, no console scripts (benchmarks/README.md, GPU check)."""
     import zipfile
 
     wheels = sorted(folder.glob("*.whl"))

@@ -133,8 +133,7 @@ class Trainer:
 
 
 def measure(cfg: Config, data, args: argparse.Namespace) -> dict:
-    """Run the benchmark as the command line asks and return its figures (benchmarks/README.md, Training
-    throughput, says what each one means)."""
+    """Run the benchmark as the command line asks; its figures (benchmarks/README.md, Training throughput)."""
     updates, warmup, windows = args.updates, args.warmup_updates, args.windows
     if updates < windows:
         raise NmtError(f"--updates {updates} is fewer than --windows {windows}")
