@@ -1,19 +1,16 @@
 """What the benchmarks share: synthetic text and lengths, random-weight models, peak memory, RESULTS.md.
 
-The benchmarks are scripts (`python benchmarks/x.py`), so benchmarks/ is on sys.path and this module is
-imported as `common`. Random weights come from the library's own builder (nmt.untrained), as the tests'.
+Imported as `common` (benchmarks/ is on sys.path): benchmarks/README.md.
 """
 
 from __future__ import annotations
 
 import datetime
 import math
-import os
 import platform
 import random
 import resource
 import shlex
-import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,6 +24,7 @@ from nmt.config import load_config
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 MIB, GIB = 1 << 20, 1 << 30
+CPU_FLAGS = {"avx2", "avx512f", "avx512_bf16", "amx_tile"}  # named beside every CPU figure
 
 # ---------------------------------------------------------------------------------------------------------
 # Synthetic lengths and text
@@ -34,11 +32,7 @@ MIB, GIB = 1 << 20, 1 << 30
 
 @dataclass(frozen=True)
 class LengthModel:
-    """Sentence lengths (words or subwords, without EOS/BOS).
-
-    source ~ round(LogNormal(mu, sigma)), mu chosen so that the mean is `mean`; target = source x ratio x
-    LogNormal(0, noise) (the log-sd of the target/source ratio); both clipped to [1, max_len].
-    """
+    """Sentence lengths (words or subwords, without EOS/BOS), log-normal (benchmarks/README.md)."""
 
     mean: float
     sigma: float
@@ -75,7 +69,6 @@ WMT_LENGTHS = LengthModel(mean=27.0, sigma=0.6, ratio=1.1, noise=0.15)
 # Measured on Multi30k en-de preprocessed with the 8k recipe: mean 14.3 / 14.8 subwords, log-sd 0.32,
 # target/source ratio 1.04 with log-sd 0.18, longest 48 / 52.
 MULTI30K_LENGTHS = LengthModel(mean=14.3, sigma=0.32, ratio=1.04, noise=0.18, max_len=60)
-# Words per sentence of newstest2014's English side: mean about 25, sd 14 (mu 3.08, sigma 0.52).
 NEWSTEST_WORDS = LengthModel.from_sd(25.0, 14.0, max_len=120)
 
 
@@ -145,11 +138,8 @@ class SyntheticText:
 
 
 class SyntheticPairs:
-    """Pairs with given lengths and random ids, with the interface of nmt.data.binarized.ParallelData
-    that batching reads (`*_ids`, `*_offsets`, `*_lens`).
-
-    Every pair is a window into one shared buffer of random ids, so a large pool costs no memory.
-    """
+    """Pairs with given lengths and random ids, as nmt.data.binarized.ParallelData for batching; each pair a
+    window into one shared buffer, so a large pool costs no memory."""
 
     BUFFER = 1 << 16
 
@@ -172,11 +162,7 @@ class SyntheticPairs:
 
 def random_model(workdir: Path, recipe: str = "multi30k-en-de", overrides: Sequence[str] = ()) -> Path:
     """The recipe's model (with `overrides`) with random weights and its subwords trained by nmt on
-    synthetic text.
-
-    The text has enough distinct words for the recipe's vocabulary (37,000 subwords for the WMT14 base
-    recipe need ~40,000 words), so the model has the recipe's exact parameter count.
-    """
+    synthetic text, with the recipe's exact parameter count (benchmarks/README.md)."""
     from nmt.subword import Subword, train_subword
     from nmt.untrained import save_random_model
 
@@ -194,12 +180,8 @@ def random_model(workdir: Path, recipe: str = "multi30k-en-de", overrides: Seque
 
 
 def max_rss() -> int:
-    """This process's resident-set high-water mark, bytes.
-
-    VmHWM where there is /proc: getrusage's ru_maxrss survives exec, so a worker started by a parent that
-    holds a large model would report the parent's size as its own (837 MiB for every engine of the
-    base-size translation benchmark).
-    """
+    """This process's resident-set high-water mark, bytes: VmHWM where there is /proc, as ru_maxrss
+    survives exec (a worker would report its parent's size; benchmarks/README.md)."""
     try:
         with open("/proc/self/status", encoding="ascii") as f:
             for line in f:
@@ -215,13 +197,6 @@ def peak_memory(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device)
     return max_rss()
-
-
-def wait_measured(proc: subprocess.Popen) -> tuple[int, int, float]:
-    """Wait for a child; (exit status, its resident-set high-water mark in bytes, its CPU seconds)."""
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return proc.returncode, usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime
 
 
 # ---------------------------------------------------------------------------------------------------------

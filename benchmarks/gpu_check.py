@@ -1,27 +1,8 @@
-"""The GPU path, proven and measured in one command.
+"""The GPU path, proven and measured in one command: tests, training, decoding and a demo run.
 
-    make gpu-check                                              # the next line, into runs/gpu-check
-    PYTHONPATH=. python3 benchmarks/gpu_check.py runs/gpu-check  # on a CUDA machine: about 8 minutes
-    PYTHONPATH=. python3 benchmarks/gpu_check.py /tmp/gc --tiny  # every stage, tiny, on the CPU
-    PYTHONPATH=. python3 benchmarks/gpu_check.py out --stages demo --data runs/multi30k-en-de
-
-Each stage is a command that users or the other benchmarks run, in a child process under its own time
-cap; this script picks the settings, keeps the time and writes the report (OUT/report.md and .json,
-rewritten after every stage; logs/ and work/) from what they print. A stage that fails or runs out of
-time is recorded with the end of its log, and the next one runs:
-
-  environment   the device, torch/CUDA versions, bf16, which optional packages import, a C compiler
-  tests         `pytest -m gpu tests`: the CUDA cases of tests/test_gpu.py, each test's outcome
-  train-*       `benchmarks/train_throughput.py --json`: wmt14-en-de-base and -big at their per-GPU batch,
-                bf16, eager and compiled: tokens/s, MFU (counted FLOPs and 6N), peak memory, data wait
-  decode        `benchmarks/translate_speed.py --json`: nmt bf16 against CTranslate2 float16 and
-                bfloat16 on random weights of wmt14-en-de-base's shape
-  demo          `nmt run multi30k-en-de` on the GPU, 3 minutes of training from --data (copied) or
-                --mirror / NMT_DATA_MIRROR: updates, tokens/s, sacreBLEU
-
-The run keeps within --budget seconds (540: 9 minutes); a stage the budget cannot hold is skipped with
-the `--stages` command that runs it alone (see benchmarks/README.md). `--tiny` runs every stage on the
-CPU with tiny shapes and durations: its figures mean nothing, it proves the harness.
+Each stage (STAGES; --stages) is a command run in a child process within --budget; the report goes to
+OUT/report.md and .json (--tiny: every stage tiny, on the CPU; --data, --mirror, --wheels). Stages, budget
+and failures: benchmarks/README.md, GPU check.
 """
 
 from __future__ import annotations
@@ -43,6 +24,8 @@ import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
+
+from common import now  # benchmarks/common.py: these scripts run with benchmarks/ on sys.path
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = ROOT / "benchmarks"
@@ -181,10 +164,6 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def now() -> str:
-    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-
-
 def child_env(out: Path, args: argparse.Namespace, report: dict) -> dict:
     """The children's environment: the source tree (and carried wheels) first on the path."""
     paths = [str(ROOT)]
@@ -197,10 +176,7 @@ def child_env(out: Path, args: argparse.Namespace, report: dict) -> dict:
 
 def install_wheels(folder: Path, target: Path) -> tuple[Path | None, str]:
     """Unpack every wheel in `folder` into `target`, a folder for the path: (target or None, what happened).
-
-    A wheel is a zip of what goes into site-packages, so unpacking needs neither pip nor an index, and
-    works where pip refuses a system python (PEP 668). Console scripts are not made: none is needed.
-    """
+    No pip, no index, no console scripts (benchmarks/README.md, GPU check)."""
     import zipfile
 
     wheels = sorted(folder.glob("*.whl"))

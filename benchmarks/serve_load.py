@@ -3,17 +3,11 @@
     python benchmarks/serve_load.py --model runs/multi30k-en-de/checkpoints/average.pt \
         --input runs/multi30k-en-de/data/test/test_2016_flickr.en --record
 
-Starts a real `nmt serve` on 127.0.0.1 (a free port), then:
-
-- load: for each client count, that many threads each send one sentence per LibreTranslate request, one
-  after the other, until `--requests` are answered in all (input order, cycling). Latency is from send to
-  answer; requests/s is requests over the wall time of the row.
-- interactive: `nmt translate --interactive` on the same sentences, one line at a time, against which the
-  one-client row of the load table is set (`--only load,interactive --clients 1`).
-
-What a public endpoint meets (slow clients, hostile requests, SIGTERM under load) is tested by
-tests/test_serve.py; this script measured it until commit 0c76fdb (its figures are in RESULTS.md).
-Loopback only; every wait is bounded.
+A real `nmt serve` on 127.0.0.1 (a free port; every wait bounded). Load: for each client count, that many
+threads each send one sentence per LibreTranslate request until `--requests` are answered in all (input
+order, cycling); latency is from send to answer, requests/s is requests over the row's wall time.
+Interactive: `nmt translate --interactive` on the same sentences, one line at a time (benchmarks/README.md,
+Serving).
 """
 
 from __future__ import annotations
@@ -54,8 +48,7 @@ class Server:
                 break
             self.log.append(line)
             if m := re.search(r"on http://127\.0\.0\.1:(\d+)", line):
-                self.port = int(m.group(1))
-                self.url = f"http://127.0.0.1:{self.port}"
+                self.url = f"http://127.0.0.1:{m.group(1)}"
                 threading.Thread(target=lambda: self.log.extend(self.proc.stderr), daemon=True).start()
                 return
         self.proc.kill()
@@ -168,16 +161,11 @@ def main() -> int:
             rows = [
                 load(server.url, sentences, int(c), args.requests, src, tgt) for c in args.clients.split(",")
             ]
-            tables += [
-                "| concurrent clients | requests | failed | requests/s | p50 latency | p95 latency |",
-                "| --- | --- | --- | --- | --- | --- |",
-                *(
-                    f"| {r['clients']} | {r['requests']} | {r['failed']} | {r['per_s']:.1f} | "
-                    f"{r['p50_ms']:.0f} ms | {r['p95_ms']:.0f} ms |"
-                    for r in rows
-                ),
-                "",
-            ]
+            header = ["concurrent clients", "requests", "failed", "requests/s", "p50 latency", "p95 latency"]
+            cells = ("clients", "requests", "failed", "per_s", "p50_ms", "p95_ms")
+            formats = ("{}", "{}", "{}", "{:.1f}", "{:.0f} ms", "{:.0f} ms")
+            body = [[f.format(r[c]) for f, c in zip(formats, cells, strict=True)] for r in rows]
+            tables += [*common.markdown_table(header, body), ""]
         if "interactive" in parts:
             line = interactive(args.model, sentences, args.requests, args.threads)
             one = next((r for r in rows if r["clients"] == 1), None) if "load" in parts else None

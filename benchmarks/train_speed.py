@@ -1,26 +1,8 @@
 """Training speed side by side with fairseq: the same data, model, batches and threads, one after the other.
 
-    python benchmarks/train_speed.py --minutes 4                       # nmt alone when fairseq is absent
-    PEERS=$HOME/nmt-peers python benchmarks/train_speed.py --minutes 4 --record
-
-What runs is what users run: `nmt train` (and `fairseq-train`) as processes, each for --minutes of
-training, one after the other on this machine. Nothing is scaled or taken from another day: a figure
-is a run of this sitting.
-
-The configuration is the peers' (../shared/peers/README.md): Multi30k EN-DE, a 3+3-layer post-norm
-Transformer, d_model 256, 4 heads, d_ff 1024, dropout 0.1, shared embeddings, label smoothing 0.1, an
-8000-subword joint vocabulary, 4096-token batches, warm-up 1000 to a peak of 1e-3, 2 threads. fairseq
-0.12.3 runs when $PEERS (or --peers) holds the venv and binarized data that the scripts in
-../shared/peers/ make (install_fairseq.sh, prep_multi30k.sh); otherwise only nmt's rows are printed.
-
-nmt variants (--variants): `fp32` (fp32, eager), `default` (the recipe's precision, i.e. bf16 autocast
-on a CPU that multiplies bf16 natively, eager) and `compiled` (the recipe's precision, torch.compile,
-compilation inside the budget).
-
-Figures: target tokens/s as each trainer logs it (nmt's `tokens_per_s` in metrics.jsonl, fairseq's
-`wps`; both count target tokens with EOS, data loading included, validation excluded), median of the
-log lines after the first quarter (warm-up and compilation); peak RSS of the process (os.wait4), which
-for nmt includes its data loader thread.
+Target tokens/s and peak RSS of `nmt train` (--variants) and `fairseq-train` (--peers or $PEERS), each
+for --minutes at --threads. Configuration, method and figures: benchmarks/README.md, Training speed side
+by side.
 """
 
 from __future__ import annotations
@@ -72,12 +54,11 @@ def median_after_warmup(values: list[float]) -> float:
 def run_timed(cmd: list[str], log: Path, env: dict) -> float:
     """Run `cmd` to the end with its output in `log`; returns its peak RSS in GiB."""
     with open(log, "w") as out:
-        returncode, peak_rss, _ = common.wait_measured(
-            subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-        )
-    if returncode != 0:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+    if (returncode := os.waitstatus_to_exitcode(status)) != 0:
         print(f"warning: {cmd[0]} exited {returncode}; see {log}", file=sys.stderr)
-    return peak_rss / GIB
+    return usage.ru_maxrss * 1024 / GIB
 
 
 def nmt_row(name: str, overrides: tuple[str, ...], data: Path, out: Path, args, env: dict) -> Row:

@@ -1,26 +1,8 @@
 """Training throughput of a recipe, measured against the device's own matrix-multiply rate.
 
-    python benchmarks/train_throughput.py wmt14-en-de-base                    # synthetic WMT-like batches
-    python benchmarks/train_throughput.py multi30k-en-de --data runs/multi30k-en-de --device cpu
-    python benchmarks/train_throughput.py wmt14-en-de-big --updates 60 --json --record
-
-What runs is the trainer's own update, not a copy of it: the model, optimizer (fused Adam), precision
-(bf16 autocast where `train.precision` resolves to it), compilation, rate and accumulation come from
-the trainer's modules (`nmt.train.update.build_learner` and `train_step`, `nmt.data.loader`), with the
-vocabulary set to data.vocab_size. Batches are cut by the real token-budget batcher at
-train.batch_tokens, from the preprocessed training split (--data WORKDIR) or from synthetic lengths
-(`common.LengthModel`; token ids are random, which costs the same).
-
-Timing: K untimed warm-up updates, then N timed updates in W consecutive windows, each bracketed by a
-device synchronisation; figures are those of the median window by target tokens/s, so that a neighbour
-stealing the CPU for a moment moves the result less. The timed updates use batches collated and moved to
-the device beforehand; one extra window fed by the trainer's background loader (`end_to_end`) shows what
-the data path adds, and the share of that window the step spent waiting for data. Peak memory is
-torch.cuda.max_memory_allocated on a GPU and the process's RSS high-water mark (getrusage) on the CPU.
-
-MFU (model-FLOPs utilisation) = model FLOP/s achieved / the matrix-multiply rate measured in the same run
-(square matmuls in the run's precision: 8192^3 on a GPU, 2048^3 on the CPU; median of trials before and
-after the timed windows). Model FLOPs are counted by `model_flops` from the real lengths of every pair.
+Target tokens/s, MFU, peak memory and data wait of the trainer's own update on a recipe (--data, --device,
+--updates, --warmup-updates, --windows, --matmul-size, --profile, --json). Method and figures:
+benchmarks/README.md, Training throughput.
 """
 
 from __future__ import annotations
@@ -55,26 +37,9 @@ SECTION = "## Training throughput"
 
 
 def model_flops(cfg: ModelConfig, src_lens: Iterable[int], tgt_lens: Iterable[int], vocab: int) -> int:
-    """Matrix-multiply FLOPs of one training pass (forward + backward) over the given pairs.
-
-    Lengths are what the model sees: source tokens including EOS, target positions including BOS (a stored
-    pair of n and m subwords is n + 1 and m + 1); padding is not counted, so the figure is useful work.
-    With D = d_model, F = d_ff, V = vocab and, per pair, S source and T target tokens:
-
-      forward, weights   2 x (matmul weights) x (tokens they are applied to):
-        encoder layer      (4 D^2 + 2 D F) x S          self-attention Q,K,V,O and the FFN
-        decoder layer      (4 D^2 + 2 D F + 2 D^2) x T  self-attention Q,K,V,O, cross-attention Q,O, FFN
-                           + 2 D^2 x S                  cross-attention K,V are projected from the memory
-        output projection  D V x T                      the (tied) embedding matrix
-      forward, attention 2 x 2 x (queries x keys) x D per layer (Q K^T and the weighted sum of V):
-        encoder self S^2, decoder self T^2 (counted in full although causal masking leaves half of it
-        unused: the kernels compute it), cross T x S
-      backward           2 x forward (gradients for the inputs and for the weights), so total = 3 x forward
-
-    Biases, LayerNorm, softmax, dropout, the loss and the embedding lookup are elementwise or gathers and
-    are left out, as in the usual 6 N tokens rule (Kaplan et al., 2020), which this refines with the
-    attention terms and with each stack's own token count.
-    """
+    """Matrix-multiply FLOPs of one training pass (forward + backward) over the given pairs: source tokens
+    including EOS, target positions including BOS, padding not counted. The formula and what it leaves out:
+    benchmarks/README.md, Training throughput."""
     d, f, le, ld = cfg.d_model, cfg.d_ff, cfg.encoder_layers, cfg.decoder_layers
     s = torch.as_tensor(list(src_lens), dtype=torch.int64)
     t = torch.as_tensor(list(tgt_lens), dtype=torch.int64)
@@ -168,8 +133,7 @@ class Trainer:
 
 
 def measure(cfg: Config, data, args: argparse.Namespace) -> dict:
-    """Run the benchmark as the command line asks and return its figures (see the module docstring for
-    what each one means)."""
+    """Run the benchmark as the command line asks; its figures (benchmarks/README.md, Training throughput)."""
     updates, warmup, windows = args.updates, args.warmup_updates, args.windows
     if updates < windows:
         raise NmtError(f"--updates {updates} is fewer than --windows {windows}")

@@ -1,45 +1,25 @@
 """Translation speed: nmt's PyTorch engine and CTranslate2, side by side on one model and one input.
 
-    python benchmarks/translate_speed.py --repeats 3          # random-weights model, synthetic input
-    python benchmarks/translate_speed.py --model runs/multi30k-en-de/checkpoints/average.pt \\
-        --input runs/multi30k-en-de/data/test/test_2016_flickr.en --repeats 3 --record
-
-Engines: nmt (fp32 and int8 on a CPU, bf16 on a GPU) and CTranslate2 on a folder exported from the same
-checkpoint by nmt.formats.ctranslate2 (float32 and int8 on a CPU; float16 and bfloat16 on a GPU; nmt's rows
-alone without ctranslate2). Every engine gets the same decode settings (beam 4, the checkpoint's length
-penalty and length limit), batch budget (both cut batches with nmt.translate.token_batches) and threads.
-Each engine lives in its own worker process, which loads the model once; the parent runs the timed passes
-round-robin (engine order rotated each repetition), so a neighbour stealing the CPU slows every engine
-alike, and reads each worker's high-water RSS (VmHWM) as its peak memory, and that minus the RSS after the
-imports as what the model and the decoding cost.
-
-Figures: target subwords/s and sentences/s of a full pass (median over repetitions; subwords counted by
-re-encoding each engine's output), the speed ratio nmt time / engine time per repetition, the latency of
-one sentence at a time (median), peak RSS, how many outputs are nmt's, and BLEU and chrF with --refs.
-The speed-quality table: `--model` and `--beam` repeated (each pair one round-robin group) and
-`--shortlist` (every engine also over the checkpoint's shortlist, nmt.shortlist; CTranslate2's vmap.txt).
-
-Without --model nothing is trained: a Transformer of --recipe's size (wmt14-en-de-base: the base model,
-63M parameters; `--set` to change it) with random weights and a SentencePiece model of synthetic text.
-Random weights almost never emit EOS, so every output runs to its length limit, 0 x |x| + 30 subwords:
-every engine does the same work (CTranslate2 decodes a batch up to its longest sentence's limit), about a
-real translation's length; their near-ties make "same as nmt" meaningless. Without --input the sentences
-are synthetic, with newstest2014's words per sentence: log-normal, mean 25, sd 14 (mu = 3.08, sigma =
-0.52), clipped to 1..120.
+Target subwords/s, sentences/s, latency, peak RSS and agreement per engine, over --model, --input, --beam,
+--shortlist, --refs, --threads, --device, --repeats; --terminology measures glossaries. Engines, method and
+figures: benchmarks/README.md, Translation speed and Terminology.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import gzip
 import json
 import os
 import random
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,7 +92,6 @@ class Worker:
     """The parent's handle on one engine's process."""
 
     def __init__(self, engine: str, compute: str, job: dict):
-        self.engine, self.compute = engine, compute
         self.name = f"{job['label']}{'nmt' if engine == 'nmt' else 'CTranslate2'} {compute}"
         self.name += " +shortlist" if job["shortlist"] else ""
         cmd = [sys.executable, __file__, "--worker"]
@@ -193,8 +172,6 @@ def table_rows(results: list[Result]) -> list[list[str]]:
     return rows
 
 
-# speed-up: nmt's time / this engine's time; latency: one sentence at a time; RSS: the worker process's
-# high-water mark, and that minus its RSS after the imports; same: outputs identical to nmt's.
 HEADER = ["engine", "tgt tok/s", "sent/s", "speed-up (min-max)", "latency ms", "RSS MiB", "Δ MiB", "same"]
 HEADER += ["BLEU", "chrF"]  # with --refs
 
@@ -219,6 +196,136 @@ def record_entry(results: list[Result], about: dict) -> str:
     )
 
 
+# ---------------------------------------------------------------------------------------------------------
+# --terminology: glossaries' term-use rate, quality and cost
+
+WORD = re.compile(r"\w{4,}")
+
+
+def words(line: str) -> set[str]:
+    return set(WORD.findall(line.lower()))
+
+
+def lexicon(src: list[str], tgt: list[str], min_count: int = 20, min_dice: float = 0.3) -> dict[str, str]:
+    cs, ct, pair, surface = Counter(), Counter(), Counter(), Counter()
+    for s, t in zip(src, tgt, strict=True):
+        ws, wt = words(s), words(t)
+        cs.update(ws), ct.update(wt), pair.update((a, b) for a in ws for b in wt)
+        surface.update(WORD.findall(t.partition(" ")[2]))  # not the first word: capitalised anyway
+    dice = {(a, b): 2 * n / (cs[a] + ct[b]) for (a, b), n in pair.items() if n >= min_count}
+    out, used = {}, set()
+    for (a, b), d in sorted(dice.items(), key=lambda x: -x[1]):
+        if d >= min_dice and a not in out and b not in used:
+            out[a], used = b, used | {b}
+    written = {}  # each target word as it is most often written (German nouns capitalised)
+    for w, _ in surface.most_common():
+        written.setdefault(w.lower(), w)
+    return {a: written.get(b, b) for a, b in out.items()}
+
+
+def terminology(args: argparse.Namespace, argv: list[str] | None) -> None:
+    import torch
+
+    from nmt.checkpoint import load_model
+    from nmt.translate import Translator
+    from nmt.translate.terminology import Glossary, Terminology, entry
+
+    torch.set_num_threads(args.threads)
+    mirror = Path(os.environ["NMT_DATA_MIRROR"])
+
+    def read(name: str) -> list[str]:
+        return gzip.open(mirror / name, "rt", encoding="utf-8").read().rstrip("\n").split("\n")
+
+    lex = lexicon(read("train.en.gz"), read("train.de.gz"))
+    src, ref = read("test_2016_flickr.en.gz"), read("test_2016_flickr.de.gz")
+    src, ref = (src[: args.lines], ref[: args.lines]) if args.lines else (src, ref)
+    model, sub, cfg = load_model(args.model[0])
+    plain = Translator(model, sub, dataclasses.replace(cfg.decode, beam=4), torch.device("cpu"))
+    terms, own = {}, {}  # line -> (source, target): with the reference's word, and any word's entry
+    for i, (s, r) in enumerate(zip(src, ref, strict=True)):
+        found = sorted((a for a in words(s) if a in lex), key=lambda a: -len(a))
+        if found:
+            own[i] = (found[0], lex[found[0]])
+        if hits := [a for a in found if lex[a].lower() in words(r)]:
+            terms[i] = (hits[0], lex[hits[0]])
+
+    plain.terminology = Terminology(sub, model.max_positions)  # a request's glossary adds to it
+    sources = plain.encode(src).sources
+
+    def constraints(chosen: dict[int, tuple[str, str]]) -> dict:
+        """Each chosen line under a glossary of its own term."""
+        out = {}
+        for i, (a, b) in chosen.items():
+            out |= plain.terminology.apply({i: src[i]}, Glossary([entry(a, b, f"line {i + 1}")]))
+        return out
+
+    def run(cons: dict) -> list[str]:
+        return [h[0][0] for h in plain.search_sources(len(src), sources, constraints=cons or None)]
+
+    base, out = run({}), run(constraints(terms))
+    rows, keep = sorted(terms), [i for i in range(len(src)) if i not in terms]
+
+    def uses(hyps: list[str]) -> list[tuple[int, int]]:
+        """(times the target word appears, times its source term matched) per line with a term."""
+        return [
+            (
+                # as written, ending a word (its start may be glued: the term's form without the word-start
+                # marker), or capitalised as the line's first word
+                len(re.findall(rf"{re.escape(terms[i][1])}(?!\w)", hyps[i]))
+                + (
+                    terms[i][1] != (cap := terms[i][1][:1].upper() + terms[i][1][1:])
+                    and bool(re.match(rf"{re.escape(cap)}(?!\w)", hyps[i]))
+                ),
+                len(Glossary([entry(*terms[i], "")]).matches(src[i])),
+            )
+            for i in rows
+        ]
+
+    counts, before = uses(out), uses(base)
+
+    def score(hyps: list[str]) -> str:
+        refs = [[ref[i] for i in rows]]
+        return (
+            f"{sacrebleu.corpus_bleu(hyps, refs).score:.2f} / {sacrebleu.corpus_chrf(hyps, refs).score:.2f}"
+        )
+
+    quality = [
+        ("lines with a term", f"{len(rows)} of {len(src)} ({len(lex)} lexicon entries)"),
+        ("term-use rate unconstrained", f"{sum(got >= want for got, want in before) / len(rows):.1%}"),
+        ("term-use rate", f"{sum(got >= want for got, want in counts) / len(rows):.1%}"),
+        ("duplicated terms", str(sum(got > want for got, want in counts))),
+        ("BLEU / chrF unconstrained", score([base[i] for i in rows])),
+        ("BLEU / chrF constrained", score([out[i] for i in rows])),
+        ("other lines byte-identical", f"{sum(out[i] == base[i] for i in keep)} of {len(keep)}"),
+    ]
+    every, speed = {**own, **terms}, []
+    for share in (0.0, 0.1, 1.0):
+        cons = constraints(dict(list(every.items())[: round(share * len(src))]))
+        times = []
+        for _ in range(args.repeats):
+            start = time.perf_counter()
+            run(cons)
+            times.append(time.perf_counter() - start)
+        speed.append((f"{share:.0%} ({len(cons)} lines)", len(src) / statistics.median(times)))
+    speed = [(name, f"{rate:.1f}", f"{rate / speed[0][1]:.2f}x") for name, rate in speed]
+    flags = " ".join(sorted(set(Path("/proc/cpuinfo").read_text().split()) & common.CPU_FLAGS))
+    head = f"{common.now()}, {common.machine_name('cpu')} ({flags}), {args.threads} threads"
+    text = "\n".join(
+        [
+            f"### {head}, load {os.getloadavg()[0]:.2f}",
+            "",
+            f"`{common.command_line(__file__, argv)}`; model {args.model[0].name}, beam 4, test_2016_flickr.",
+            "",
+            *common.markdown_table(["figure", "value"], quality),
+            "",
+            *common.markdown_table(["lines constrained", "sentences/s", "vs none"], speed),
+        ]
+    )
+    print(text)
+    if args.record:
+        common.record(text, "## Terminology", args.results)
+
+
 def main(argv: list[str] | None = None) -> list[Result]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
@@ -239,6 +346,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
     p.add_argument("--latency-lines", type=int, default=30, help="sentences translated one at a time")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="without --model: a recipe override for the random model (repeatable)")  # fmt: skip
+    p.add_argument("--terminology", action="store_true", help="glossaries on Multi30k (needs --model)")
     p.add_argument("--json", action="store_true", help="print the rows and what ran as one JSON object")
     p.add_argument("--record", action="store_true", help="append the figures to benchmarks/RESULTS.md")
     p.add_argument("--results", type=Path, default=RESULTS, help=argparse.SUPPRESS)
@@ -246,6 +354,11 @@ def main(argv: list[str] | None = None) -> list[Result]:
     args = p.parse_args(argv)
     if args.worker:
         worker()
+        return []
+    if args.terminology:
+        if not args.model:
+            p.error("--terminology needs --model")
+        terminology(args, argv)
         return []
     import importlib.util
 
