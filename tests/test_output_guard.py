@@ -20,6 +20,8 @@ from nmt.cli import app
 from nmt.untrained import save_random_model
 
 from .synthetic import make_config, make_subword
+from .test_robustness import cli
+from .test_robustness import one_error_line as one_line
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 NMT = [sys.executable, "-m", "nmt"]
@@ -43,21 +45,6 @@ def marian(model, tmp_path_factory) -> Path:
     )
     assert result.exit_code == 0, result.output
     return folder
-
-
-def cli(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess:
-    result = CliRunner().invoke(app, [str(a) for a in args], input=stdin)
-    return subprocess.CompletedProcess(args, result.exit_code, result.stdout_bytes, result.stderr_bytes)
-
-
-def one_line(stderr: bytes | str, *names: str) -> str:
-    text = stderr.decode() if isinstance(stderr, bytes) else stderr
-    assert "Traceback" not in text, text
-    lines = [line for line in text.splitlines() if line.strip()]
-    assert len(lines) == 1, text
-    for name in names:
-        assert name in lines[0], (name, lines[0])
-    return lines[0]
 
 
 def listing(folder: Path) -> list[str]:

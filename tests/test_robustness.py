@@ -58,7 +58,7 @@ def run(*args: str, stdin: bytes = b"", **kw) -> subprocess.CompletedProcess:
 
 def cli(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess:
     """The command run in this process by typer's CliRunner: as `run`, without starting an interpreter."""
-    result = CliRunner().invoke(app, list(args), input=stdin)
+    result = CliRunner().invoke(app, [str(a) for a in args], input=stdin)
     return subprocess.CompletedProcess(args, result.exit_code, result.stdout_bytes, result.stderr_bytes)
 
 
