@@ -215,6 +215,7 @@ def test_record_appends_to_its_own_section_only(tmp_path):
     assert mine.index("### first") < mine.index("### second")
 
 
+@pytest.mark.slow  # 30 s: a load run against a live server
 def test_serve_load_sets_one_client_against_interactive_translation(synthetic_run):
     """The server's one-client latency and `nmt translate --interactive`'s, in one table, on a real server."""
     pytest.importorskip("uvicorn", reason="nmt serve needs its extra: pip install 'nmt[serve]'")

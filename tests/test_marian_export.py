@@ -169,6 +169,7 @@ def ct2_transformers_converter(folder: Path, output: Path) -> None:
     assert result.returncode == 0, result.stderr[-2000:]
 
 
+@pytest.mark.slow  # 4 s: CTranslate2's converter on an export
 def test_ct2_transformers_converter_is_exact_for_a_zero_model(exports, tmp_path):
     ctranslate2 = pytest.importorskip("ctranslate2", reason="pip install -e '.[dev]'")
     from transformers import MarianTokenizer

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import sacrebleu
 from typer.testing import CliRunner
 
@@ -62,6 +63,7 @@ def test_nmt_run_writes_results_and_resumes(tmp_path, multi30k_mirror, monkeypat
     assert "translate test_2016_flickr: already done" in again.output
 
 
+@pytest.mark.slow  # 10 s: a whole nmt run, killed and resumed
 def test_an_interrupted_nmt_run_writes_no_results_and_continues_next_time(tmp_path, multi30k_mirror):
     import os
     import signal

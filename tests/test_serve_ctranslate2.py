@@ -11,6 +11,9 @@ pytest.importorskip("ctranslate2", reason="needs CTranslate2 (the dev extra): pi
 pytest.importorskip("uvicorn", reason="nmt serve needs its extra: pip install 'nmt[serve]'")
 pytest.importorskip("starlette", reason="nmt serve needs its extra: pip install 'nmt[serve]'")
 
+# The server's tests once more, on the other engine: about 40 s, so in `make test`, not `make test-fast`
+pytestmark = pytest.mark.slow
+
 from typer.testing import CliRunner  # noqa: E402
 
 from nmt.cli import app  # noqa: E402

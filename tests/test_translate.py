@@ -297,6 +297,7 @@ def test_an_ensemble_of_models_with_other_vocabularies_is_refused(synthetic_run,
     assert result.stderr.count("\n") == 1 and str(checkpoint) in result.stderr
 
 
+@pytest.mark.slow  # 7 s: many sampled translations
 def test_sampling_repeats_with_its_seed(checkpoint):
     lines = "\n".join(sentences(20, 3)).encode() + b"\n"
     args = ["-m", str(checkpoint), "--sampling", "--sampling-topk", "20", "--nbest", "3"]
