@@ -201,6 +201,7 @@ def outcome(workdir):
 
 
 @pytest.mark.numerics
+@pytest.mark.slow  # a kill in each of 8 steps
 def test_distill_killed_in_every_step_ends_as_an_uninterrupted_run(
     setup, tmp_path, monkeypatch, one_torch_thread
 ):

@@ -398,6 +398,7 @@ def test_a_one_line_request_beside_a_10000_line_one_is_answered_within_a_few_sec
         assert s.stop() == 0
 
 
+@pytest.mark.slow  # 9 s of deadlines
 def test_a_full_queue_answers_503_and_a_late_request_504(served):
     s = Server(*served, "--max-chars", "80000", "--max-queue", "100")
     big = "\n".join(["a b c d"] * 8000)  # seconds of work, on either engine
@@ -424,6 +425,7 @@ def test_a_full_queue_answers_503_and_a_late_request_504(served):
         assert s.stop() == 0
 
 
+@pytest.mark.slow  # 8 s: a server stopped under load
 def test_sigterm_answers_in_flight_and_exits_0_whatever_the_clients_do(synthetic_run):
     # The stalled body gets its 408 at the read deadline, after which the server can exit: 4 s rather
     # than the default 10 keep the test short, and still far past the clients' setup.
@@ -498,6 +500,7 @@ def wait_for_the_model(s: Server, pending) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.slow  # 5 s of read deadlines
 def test_slow_clients_are_cut_off_and_leave_no_traceback(synthetic_run):
     s = Server(synthetic_run / "checkpoints" / "best.pt", "--read-timeout", "1")
     try:

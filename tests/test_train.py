@@ -119,6 +119,7 @@ def test_a_compiled_run_with_dropout_resumes_exactly_on_two_threads(tmp_path, sy
     killed_and_resumed_equals_straight(tmp_path, synthetic, cfg, env={**ENV, "OMP_NUM_THREADS": "2"})
 
 
+@pytest.mark.slow  # 4 s: a training stopped by a signal
 def test_sigterm_saves_a_checkpoint_then_exits(tmp_path, synthetic):
     # precision auto: the log line must say what auto chose on this CPU
     cfg = make_config(max_steps=100000, save_every=100000, log_every=1, precision="auto")

@@ -367,6 +367,7 @@ def test_decode_overrides_follow_the_recipe_rules():
         DecodeOverrides.given(beam="four").apply(base, "test")
 
 
+@pytest.mark.slow  # 4 s of progress lines
 def test_translating_a_file_into_a_log_prints_lines_done_of_the_total_on_stderr_only(checkpoint, tmp_path):
     source = tmp_path / "big.en"
     source.write_text("\n".join(sentences(2500, 7)) + "\n")
