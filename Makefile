@@ -43,8 +43,8 @@ test-avx2: install
 	  $(AVX2_ENV) TORCHINDUCTOR_CACHE_DIR=$$cache $(BIN)/python -m pytest -m numerics -p no:cacheprovider; \
 	else echo "test-avx2: this CPU has no AVX-512 or AMX; the suite already ran its AVX2 kernels"; fi
 
-# The inner loop: every test but those marked slow (multi-minute trainings); about 2.5 minutes on 2 idle
-# cores (2 min 36 s measured on an AMD EPYC).
+# The inner loop: every test but those marked slow (trainings, multi-second deadlines and signals); under
+# 3 minutes on 2 cores (2 min 44 s measured on a fresh clone, AMD EPYC).
 test-fast: install
 	$(BIN)/python -m pytest -m "not slow"
 
