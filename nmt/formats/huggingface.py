@@ -76,11 +76,10 @@ class Layout:
     model_type: str  # config.json's model_type, which chooses the layout on import
     architecture: str  # config.json's architectures: the class AutoModelForSeq2SeqLM builds
     norm: str  # model.norm
-    name: str  # in messages and the model card
 
 
-MARIAN = Layout("marian", "MarianMTModel", "post", "MarianMT")
-PEGASUS = Layout("pegasus", "PegasusForConditionalGeneration", "pre", "Pegasus")
+MARIAN = Layout("marian", "MarianMTModel", "post")
+PEGASUS = Layout("pegasus", "PegasusForConditionalGeneration", "pre")
 LAYOUTS = {layout.model_type: layout for layout in (MARIAN, PEGASUS)}
 
 
