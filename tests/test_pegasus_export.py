@@ -256,3 +256,22 @@ def test_onnxruntime_greedy_equals_nmt(pegasus: Export):
     decode = dataclasses.replace(cfg.decode, beam=1, max_len_a=0.0, max_len_b=LIMIT)
     greedy = Translator(ours, subword, decode, torch.device("cpu")).translate(pegasus.lines)
     assert tokenizer.batch_decode(out, skip_special_tokens=True) == greedy
+
+
+def test_a_shortlist_the_folder_cannot_carry_is_named(pegasus: Export, tmp_path):
+    ckpt = load_checkpoint(pegasus.model)
+    shortlist = {"frequent": torch.arange(4), "table": torch.zeros(ckpt.vocab_size, 2, dtype=torch.long)}
+    path = tmp_path / "listed.pt"
+    save_checkpoint(
+        path,
+        model_state=ckpt.model_state,
+        config=ckpt.config,
+        subword_proto=ckpt.subword_proto,
+        vocab_size=ckpt.vocab_size,
+        shortlist=shortlist,
+    )
+    out = tmp_path / "hf"
+    result = runner.invoke(app, ["export", "-m", str(path), "--format", "huggingface", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "lexical shortlist" in result.output and "shortlist" not in pegasus.output
+    assert (out / "model.safetensors").read_bytes() == (pegasus.folder / "model.safetensors").read_bytes()
