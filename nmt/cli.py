@@ -359,7 +359,7 @@ def export(
         typer.Option(
             "--format",
             metavar=f"<{'|'.join(FORMATS)}>",
-            help="ctranslate2, or huggingface (a MarianMT folder for transformers).",
+            help="ctranslate2, or huggingface (MarianMT, or Pegasus for a pre-norm model, for transformers).",
         ),
     ] = "ctranslate2",
     force: Annotated[bool, typer.Option("--force", help="Replace an earlier export in --output.")] = False,
@@ -391,7 +391,10 @@ def export(
 @app.command(name="import", cls=Command)
 def import_model(
     folder: Annotated[
-        Path, typer.Argument(metavar="FOLDER", help="A MarianMT model folder (config.json, vocab.json, ...).")
+        Path,
+        typer.Argument(
+            metavar="FOLDER", help="A MarianMT or Pegasus model folder (config.json, vocab.json, ...)."
+        ),
     ],
     output: Annotated[Path, typer.Option("--output", "-o", help="The nmt checkpoint to write.")],
     src_lang: Annotated[
@@ -403,16 +406,16 @@ def import_model(
         typer.Option(metavar="<code>", help="Target language, when tokenizer_config.json does not name it."),
     ] = None,
 ) -> None:
-    """Import a Hugging Face MarianMT (OPUS-MT) model folder as an nmt checkpoint; needs no transformers.
+    """Import a Hugging Face MarianMT (OPUS-MT) or Pegasus folder as an nmt checkpoint; needs no transformers.
 
     [bold]Examples[/]
     huggingface-cli download Helsinki-NLP/opus-mt-en-de --local-dir opus-mt-en-de
     nmt import opus-mt-en-de -o opus-mt-en-de.pt
     echo "A man rides a bike." | nmt translate -m opus-mt-en-de.pt
     """
-    from nmt.formats.huggingface import import_marian
+    from nmt.formats.huggingface import import_huggingface
 
-    err.print(f"imported {folder} as {import_marian(folder, output, src_lang, tgt_lang)}")
+    err.print(f"imported {folder} as {import_huggingface(folder, output, src_lang, tgt_lang)}")
 
 
 @app.command(cls=Command)

@@ -1,9 +1,10 @@
 """Hostile inputs, generated: any recipe text or --set override, any damage to a checkpoint file, any
-config.json value and any weight in a MarianMT folder gives a result or nmt's own error (NmtError),
+config.json value and any weight in a MarianMT or Pegasus folder gives a result or nmt's own error (NmtError),
 never another exception. Example counts are bounded (the `nmt` profile in tests/conftest.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -21,7 +22,7 @@ from hypothesis import strategies as st  # noqa: E402
 from nmt.checkpoint import load_checkpoint  # noqa: E402
 from nmt.config import config_to_dict, load_config  # noqa: E402
 from nmt.errors import NmtError  # noqa: E402
-from nmt.formats.huggingface import import_marian  # noqa: E402
+from nmt.formats.huggingface import import_huggingface  # noqa: E402
 from nmt.untrained import save_random_model  # noqa: E402
 
 from .synthetic import make_config, make_subword  # noqa: E402
@@ -45,19 +46,22 @@ VALUES = st.recursive(
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory) -> dict:
-    """A valid recipe, checkpoint and MarianMT folder to mutate."""
+    """A valid recipe, checkpoint, MarianMT folder and Pegasus folder (a pre-norm model) to mutate."""
     from typer.testing import CliRunner
 
     from nmt.cli import app
 
     d = tmp_path_factory.mktemp("hostile")
     cfg = make_config()
-    model = save_random_model(d / "model.pt", cfg, make_subword(d / "spm"))
-    result = CliRunner().invoke(
-        app, ["export", "-m", str(model), "--format", "huggingface", "-o", str(d / "hf")]
-    )
-    assert result.exit_code == 0, result.output
-    return {"dict": config_to_dict(cfg), "model": model, "hf": d / "hf"}
+    subword = make_subword(d / "spm")
+    model = save_random_model(d / "model.pt", cfg, subword)
+    pre = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, norm="pre"))
+    pre_model = save_random_model(d / "pre.pt", pre, subword)
+    for path, folder in ((model, d / "hf"), (pre_model, d / "pegasus")):
+        args = ["export", "-m", str(path), "--format", "huggingface", "-o", str(folder)]
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, result.output
+    return {"dict": config_to_dict(cfg), "model": model, "marian": d / "hf", "pegasus": d / "pegasus"}
 
 
 def either_result_or_nmt_error(call) -> None:
@@ -132,13 +136,13 @@ def test_any_damaged_checkpoint_loads_or_is_a_checkpoint_error(base, tmp_path, d
     either_result_or_nmt_error(lambda: load_checkpoint(path))
 
 
-# ---- a MarianMT folder ------------------------------------------------------------------------------
+# ---- a MarianMT or Pegasus folder -------------------------------------------------------------------
 
 
-def fresh(base: dict, tmp_path: Path) -> Path:
+def fresh(base: dict, tmp_path: Path, layout: str) -> Path:
     folder = tmp_path / "hf"
     shutil.rmtree(folder, ignore_errors=True)
-    shutil.copytree(base["hf"], folder)
+    shutil.copytree(base[layout], folder)
     (tmp_path / "out.pt").unlink(missing_ok=True)
     return folder
 
@@ -147,28 +151,31 @@ CONFIG_KEYS = [
     "vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_ffn_dim", "decoder_ffn_dim",
     "encoder_attention_heads", "decoder_attention_heads", "max_position_embeddings", "dropout",
     "activation_function", "pad_token_id", "eos_token_id", "decoder_start_token_id", "scale_embedding",
-    "normalize_before", "model_type", "share_encoder_decoder_embeddings",
+    "normalize_before", "model_type", "share_encoder_decoder_embeddings", "add_final_layer_norm",
 ]  # fmt: skip
+LAYOUTS = pytest.mark.parametrize("layout", ["marian", "pegasus"])
 
 
+@LAYOUTS
 @settings(suppress_health_check=FIXTURES, max_examples=40)
 @given(changes=st.dictionaries(st.sampled_from(CONFIG_KEYS), VALUES, min_size=1, max_size=3))
-def test_any_config_json_imports_or_is_one_error(base, tmp_path, changes):
-    folder = fresh(base, tmp_path)
+def test_any_config_json_imports_or_is_one_error(base, tmp_path, layout, changes):
+    folder = fresh(base, tmp_path, layout)
     path = folder / "config.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), **changes}, allow_nan=True))
-    either_result_or_nmt_error(lambda: import_marian(folder, tmp_path / "out.pt"))
+    either_result_or_nmt_error(lambda: import_huggingface(folder, tmp_path / "out.pt"))
 
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int8, torch.float64]
 
 
+@LAYOUTS
 @settings(suppress_health_check=FIXTURES, max_examples=30)
 @given(data=st.data())
-def test_any_weights_import_or_are_one_error(base, tmp_path, data):
+def test_any_weights_import_or_are_one_error(base, tmp_path, layout, data):
     from safetensors.torch import load_file, save_file
 
-    folder = fresh(base, tmp_path)
+    folder = fresh(base, tmp_path, layout)
     weights = load_file(folder / "model.safetensors")
     names = sorted(weights)
     for _ in range(data.draw(st.integers(1, 3))):
@@ -191,4 +198,4 @@ def test_any_weights_import_or_are_one_error(base, tmp_path, data):
         else:
             weights.pop(name)
     save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
-    either_result_or_nmt_error(lambda: import_marian(folder, tmp_path / "out.pt"))
+    either_result_or_nmt_error(lambda: import_huggingface(folder, tmp_path / "out.pt"))

@@ -322,22 +322,6 @@ def test_export_import_round_trip_keeps_weights_and_translations(exported: Path,
     assert translations[0] == translations[1]
 
 
-def test_pre_norm_export_is_one_line_error(tmp_path):
-    from nmt.untrained import save_random_model
-
-    from .synthetic import make_config, make_subword
-
-    cfg = make_config()
-    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, norm="pre"))
-    path = save_random_model(tmp_path / "pre.pt", cfg, make_subword(tmp_path / "spm"))
-    result = runner.invoke(
-        app, ["export", "-m", str(path), "--format", "huggingface", "-o", str(tmp_path / "o")]
-    )
-    assert result.exit_code == 2
-    assert "model.norm is pre" in result.output and len(result.output.strip().splitlines()) == 1
-    assert not (tmp_path / "o").exists()
-
-
 # ---- an imported model is an ordinary checkpoint --------------------------------------------------------
 
 

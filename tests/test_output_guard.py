@@ -31,7 +31,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> Path:
-    """A tiny random post-norm model (a MarianMT export needs post-norm), saved by the real writer."""
+    """A tiny random post-norm model (a MarianMT export), saved by the real writer."""
     d = tmp_path_factory.mktemp("guard")
     return save_random_model(d / "model.pt", make_config(), make_subword(d / "spm"))
 

@@ -1,7 +1,8 @@
 """Checkpoints in other tools' formats: `nmt export` and `nmt import`.
 
 ctranslate2   a checkpoint as a CTranslate2 model folder (`--format ctranslate2`, `--engine ctranslate2`)
-huggingface   MarianMT (OPUS-MT) folders to and from checkpoints (`--format huggingface`, `nmt import`)
+huggingface   MarianMT (OPUS-MT) and Pegasus (pre-norm) folders to and from checkpoints
+              (`--format huggingface`, `nmt import`)
 export        `nmt export`: the checkpoint in the format asked for
 
 Both read and write checkpoints through nmt.checkpoint and nothing above it; the CTranslate2 engine

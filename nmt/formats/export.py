@@ -29,9 +29,9 @@ def export(
         raise NmtError(f"--format {fmt}: expected one of {', '.join(FORMATS)}")
     refuse_inputs(output, [model_path])  # -o the model itself, or a folder that holds it
     if fmt == "huggingface":
-        from nmt.formats.huggingface import export_marian
+        from nmt.formats.huggingface import export_huggingface
 
-        return export_marian(Path(model_path), Path(output), force=force, license=license, note=note)
+        return export_huggingface(Path(model_path), Path(output), force=force, license=license, note=note)
     if license is not None:
         raise NmtError("--license: only --format huggingface writes a model card, which names the licence")
     from nmt.formats.ctranslate2 import export_ctranslate2

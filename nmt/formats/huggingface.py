@@ -1,11 +1,21 @@
-"""MarianMT folders, the Hugging Face format of the OPUS-MT models, to and from nmt checkpoints.
+"""Hugging Face model folders to and from nmt checkpoints: MarianMT, the format of the OPUS-MT models,
+for post-norm models, and Pegasus for pre-norm ones.
 
 A MarianMT folder holds config.json, the weights (model.safetensors, or pytorch_model.bin from older
 uploads), source.spm and target.spm (one SentencePiece model per language) and vocab.json (their pieces'
 ids in the one vocabulary both share), tokenizer_config.json and generation_config.json. Its model is the
 paper's (transformers' models/marian/modeling_marian.py): post-LayerNorm layers, sinusoidal positions,
-embeddings scaled by sqrt(d_model), one embedding matrix for source, target and output. What differs, and
-how each difference is carried over exactly:
+embeddings scaled by sqrt(d_model), one embedding matrix for source, target and output. Pre-norm models
+(`norm: pre`) go to the one architecture of transformers that differs from it exactly there
+(models/pegasus/modeling_pegasus.py, PegasusForConditionalGeneration): LayerNorm in front of each
+sub-layer, one LayerNorm after each stack (encoder.layer_norm, decoder.layer_norm: nmt's encoder_norm and
+decoder_norm), everything else as in Marian, code copied from it (the same sinusoid, embedding scale,
+attention, tied embeddings, final_logits_bias; no layernorm_embedding). Its folder is a MarianMT folder
+but for config.json (model_type pegasus) and the weights (the two final norms, and the position tables,
+which Pegasus loads rather than computes); its tokenizer stays MarianTokenizer, which
+tokenizer_config.json names, so AutoTokenizer loads it. BART and mBART are no alternative: their
+positions are learned, offset by 2, and mBART adds a LayerNorm on the embeddings. What differs from nmt,
+and how each difference is carried over exactly, in both layouts:
 
 - Positions: transformers lays the sinusoid out as [sin of every frequency | cos of every frequency], the
   paper interleaves sin and cos (3.5). That is a fixed permutation of the model dimension, and every
@@ -26,10 +36,10 @@ how each difference is carried over exactly:
   unchanged. The two SentencePiece models and the reordered vocabulary travel together as one
   nmt.subword.Subword.
 
-What transformers' Marian cannot hold is refused in one line: pre-norm layers (`norm: pre`), and on import
-separate source and target vocabularies, untied output embeddings, unscaled embeddings, learned
-positions, other activations, and encoder and decoder of different widths. Neither direction needs
-transformers: the files are read and written here (safetensors for the weights).
+Every nmt model exports, to one layout or the other. On import, what nmt's model cannot hold is refused in
+one line: separate source and target vocabularies, untied output embeddings, unscaled embeddings,
+learned positions, other activations, and encoder and decoder of different widths. Neither direction
+needs transformers: the files are read and written here (safetensors for the weights).
 """
 
 from __future__ import annotations
@@ -59,6 +69,24 @@ META_FORMAT = "nmt-huggingface"
 ACTIVATIONS = {"relu": "relu", "swish": "swish", "silu": "swish"}  # transformers' name -> model.activation
 
 
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """A transformers architecture that holds nmt's model of one model.norm exactly."""
+
+    model_type: str  # config.json's model_type, which chooses the layout on import
+    architecture: str  # config.json's architectures: the class AutoModelForSeq2SeqLM builds
+    norm: str  # model.norm
+
+
+MARIAN = Layout("marian", "MarianMTModel", "post")
+PEGASUS = Layout("pegasus", "PegasusForConditionalGeneration", "pre")
+LAYOUTS = {layout.model_type: layout for layout in (MARIAN, PEGASUS)}
+
+
+def layout_of(m: ModelConfig) -> Layout:
+    return next(layout for layout in LAYOUTS.values() if layout.norm == m.norm)
+
+
 def residual_order(d_model: int) -> Tensor:
     """transformers' coordinate j of the residual stream is nmt's coordinate order[j]:
     [0, 2, 4, .., 1, 3, 5, ..], its sin half then its cos half of the paper's interleaved sinusoid."""
@@ -66,19 +94,19 @@ def residual_order(d_model: int) -> Tensor:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# nmt -> MarianMT
+# nmt -> Hugging Face
 
 
-def export_marian(
+def export_huggingface(
     model_path: Path,
     output: Path,
     force: bool = False,
     license: str | None = None,
     note: Callable[[str], None] | None = None,
 ) -> Path:
-    """`nmt export --format huggingface`: the checkpoint as a MarianMT folder in OPUS-MT's layout, with a
-    model card (README.md, `license` its licence); returns it. `note` receives what a user should know
-    about the folder in other tools, one line each.
+    """`nmt export --format huggingface`: the checkpoint as a MarianMT folder (a Pegasus one for a
+    pre-norm model) in OPUS-MT's layout, with a model card (README.md, `license` its licence); returns
+    it. `note` receives what a user should know about the folder in other tools, one line each.
 
     Built under a temporary name beside `output` and renamed at the end; an existing `output` is replaced
     only with `force` and only when an earlier export wrote it.
@@ -86,12 +114,7 @@ def export_marian(
     check_replaceable(output, force, META_FILE)
     ckpt = load_checkpoint(model_path)
     m = ckpt.config.model
-    if m.norm == "pre":
-        raise NmtError(
-            f"{model_path}: model.norm is pre, and transformers' MarianMT has post-norm layers only "
-            "(LayerNorm after each residual, no final LayerNorm): it cannot represent this model; "
-            "export it with --format ctranslate2, or train with model.norm post"
-        )
+    layout = layout_of(m)
     subword = Subword(ckpt.subword_proto)
     pieces = subword.pieces()
     if len(pieces) != ckpt.vocab_size:
@@ -102,9 +125,9 @@ def export_marian(
     card = model_card(ckpt.config, Path(model_path), license)
     with atomic_folder(output) as folder:
         folder.mkdir()
-        save_safetensors(folder / "model.safetensors", marian_weights(ckpt.model_state, m, order))
+        save_safetensors(folder / "model.safetensors", hf_weights(ckpt.model_state, m, order))
         size = len(order)
-        write_json(folder / "config.json", marian_config(m, size))
+        write_json(folder / "config.json", hf_config(layout, m, size))
         write_json(folder / "generation_config.json", generation_config(ckpt.config.decode, m, size))
         write_json(folder / "vocab.json", {piece: i for i, piece in enumerate(names)})
         (folder / "source.spm").write_bytes(subword.source_proto)
@@ -132,7 +155,12 @@ def export_marian(
                 "config": config_to_dict(ckpt.config),
             },
         )
-    if note is not None and m.decoder_start == "bos":
+    if note is not None and ckpt.shortlist is not None:
+        note(
+            f"{model_path} carries a lexical shortlist, which {output} does not: transformers decodes over "
+            "the whole vocabulary (`nmt export --format ctranslate2` writes it as vmap.txt)"
+        )
+    if note is not None and m.decoder_start == "bos" and layout is MARIAN:
         note(
             f"{model_path} starts its decoder from a learned BOS vector: transformers and ONNX read "
             f"{output} exactly, but CTranslate2's ct2-transformers-converter will start from a zero vector "
@@ -144,7 +172,7 @@ def export_marian(
 def marian_order(vocab_size: int) -> list[int]:
     """OPUS-MT's layout of nmt's vocabulary: exported row i is nmt's row order[i]. </s> 0, <unk> 1, the
     other pieces in nmt's order, and last the decoder's start token, which OPUS-MT also pads with (its
-    row is what nmt's decoder starts from: marian_weights). nmt's PAD row has no place: padding is masked
+    row is what nmt's decoder starts from: hf_weights). nmt's PAD row has no place: padding is masked
     wherever it is read, and neither engine emits it; only its share of the softmax, which training
     drives to almost nothing, is gone (greedy choices cannot change; beam scores only in the last
     digits)."""
@@ -160,9 +188,10 @@ def marian_pieces(pieces: list[str], order: list[int], model_path: Path) -> list
     return names
 
 
-def marian_weights(w: dict[str, Tensor], m: ModelConfig, tokens: list[int]) -> dict[str, Tensor]:
-    """nmt's state dict as MarianMTModel's (model.safetensors names), the residual stream permuted and
-    the vocabulary in the order `tokens` (marian_order: its last row is the decoder's start)."""
+def hf_weights(w: dict[str, Tensor], m: ModelConfig, tokens: list[int]) -> dict[str, Tensor]:
+    """nmt's state dict as MarianMTModel's, or PegasusForConditionalGeneration's for a pre-norm model
+    (model.safetensors names), the residual stream permuted and the vocabulary in the order `tokens`
+    (marian_order: its last row is the decoder's start)."""
     order = residual_order(m.d_model)
     d = m.d_model
     out: dict[str, Tensor] = {}
@@ -206,6 +235,12 @@ def marian_weights(w: dict[str, Tensor], m: ModelConfig, tokens: list[int]) -> d
         norm(f"{p}.encoder_attn_layer_norm", f"{s}.res_cross.norm")
         ffn(p, f"{s}.ffn")
         norm(f"{p}.final_layer_norm", f"{s}.res_ffn.norm")
+    if m.norm == "pre":  # Pegasus: one LayerNorm after each stack, and the position tables it loads
+        norm("model.encoder.layer_norm", "encoder_norm")
+        norm("model.decoder.layer_norm", "decoder_norm")
+        table = sinusoidal_positions(m.max_positions, d)[:, order]  # (P, D): nmt's own numbers
+        out["model.encoder.embed_positions.weight"] = table
+        out["model.decoder.embed_positions.weight"] = table.clone()  # safetensors stores no shared tensor
     embed = w["embed.weight"]
     rows = torch.tensor(tokens)
     shared = embed[rows][:, order]  # (V', D); tied to both stacks' embed_tokens and lm_head
@@ -217,16 +252,19 @@ def marian_weights(w: dict[str, Tensor], m: ModelConfig, tokens: list[int]) -> d
     return {k: v.float().contiguous() for k, v in out.items()}
 
 
-def marian_config(m: ModelConfig, vocab_size: int) -> dict:
-    """config.json: MarianConfig's fields for this model in OPUS-MT's layout (marian_order): </s> 0,
-    and the last token both pads and starts the decoder."""
+def hf_config(layout: Layout, m: ModelConfig, vocab_size: int) -> dict:
+    """config.json: MarianConfig's (or PegasusConfig's) fields for this model in OPUS-MT's layout
+    (marian_order): </s> 0, and the last token both pads and starts the decoder."""
     start = vocab_size - 1
+    if layout is MARIAN:
+        own = {"decoder_vocab_size": vocab_size, "share_encoder_decoder_embeddings": True}
+    else:  # what the Hub's Pegasus configs say, and CTranslate2's converter reads (transformers does not)
+        own = {"normalize_before": True, "normalize_embedding": False, "add_final_layer_norm": True}
     return {
-        "architectures": ["MarianMTModel"],
-        "model_type": "marian",
+        "architectures": [layout.architecture],
+        "model_type": layout.model_type,
         "vocab_size": vocab_size,
-        "decoder_vocab_size": vocab_size,
-        "share_encoder_decoder_embeddings": True,
+        **own,
         "tie_word_embeddings": True,
         "d_model": m.d_model,
         "encoder_layers": m.encoder_layers,
@@ -284,13 +322,14 @@ def generation_config(d: DecodeConfig, m: ModelConfig, vocab_size: int) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# MarianMT -> nmt
+# Hugging Face -> nmt
 
 
-def import_marian(
+def import_huggingface(
     folder: Path, output: Path, src_lang: str | None = None, tgt_lang: str | None = None
 ) -> Path:
-    """`nmt import`: a MarianMT folder as one nmt checkpoint (weights, config, subwords); returns it."""
+    """`nmt import`: a MarianMT folder, or a Pegasus one with MarianMT's tokenizer files (config.json's
+    model_type chooses), as one nmt checkpoint (weights, config, subwords); returns it."""
     folder = Path(folder)
     if not folder.is_dir():
         raise NmtError(
@@ -387,7 +426,8 @@ def model_config(hf: dict, path: Path) -> ModelConfig:
         if not ok:
             raise NmtError(f"{path}: {key} {hf.get(key)!r}: {why}")
 
-    need(hf.get("model_type") == "marian", "model_type", "not a MarianMT model")
+    need(hf.get("model_type") in LAYOUTS, "model_type", "not a MarianMT or Pegasus model")
+    layout = LAYOUTS[hf["model_type"]]
     for key in ("d_model", "encoder_layers", "decoder_layers", "encoder_ffn_dim", "vocab_size"):
         need(isinstance(hf.get(key), int) and hf[key] > 0, key, "expected a positive integer")
     need(
@@ -414,8 +454,9 @@ def model_config(hf: dict, path: Path) -> ModelConfig:
         "a target vocabulary of its own is not supported",
     )
     need(hf.get("tie_word_embeddings", True) is True, "tie_word_embeddings", "untied output not supported")
-    for key in ("normalize_before", "add_final_layer_norm", "normalize_embedding"):
-        need(not hf.get(key), key, "transformers' Marian has no such layers; not a MarianMT config")
+    if layout is MARIAN:  # transformers' Pegasus reads none of them: its layers are what they say
+        for key in ("normalize_before", "add_final_layer_norm", "normalize_embedding"):
+            need(not hf.get(key), key, "transformers' Marian has no such layers; not a MarianMT config")
     return ModelConfig(
         encoder_layers=hf["encoder_layers"],
         decoder_layers=hf["decoder_layers"],
@@ -425,7 +466,7 @@ def model_config(hf: dict, path: Path) -> ModelConfig:
         dropout=float(hf.get("dropout", 0.1)),
         attention_dropout=float(hf.get("attention_dropout", 0.0)),
         activation_dropout=float(hf.get("activation_dropout", 0.0)),
-        norm="post",
+        norm=layout.norm,
         max_positions=int(hf.get("max_position_embeddings", 512)),
         activation=ACTIVATIONS[hf["activation_function"]],
         output_bias=True,
@@ -489,7 +530,8 @@ def read_weights(folder: Path) -> dict[str, Tensor]:
 def nmt_weights(
     w: dict[str, Tensor], m: ModelConfig, hf: dict, order: list[int | None], folder: Path
 ) -> dict[str, Tensor]:
-    """MarianMTModel's state dict as nmt's: Q/K/V fused, the residual stream and vocabulary reordered."""
+    """MarianMTModel's (or PegasusForConditionalGeneration's) state dict as nmt's: Q/K/V fused, the
+    residual stream and vocabulary reordered."""
     w = {k.removeprefix("model."): v.float() for k, v in w.items()}
     used: set[str] = set()
     inverse = torch.argsort(residual_order(m.d_model))  # nmt coordinate i is transformers' inverse[i]
@@ -543,6 +585,9 @@ def nmt_weights(
         into(f"{p}.res_cross.norm", f"{s}.encoder_attn_layer_norm")
         ffn(f"{p}.ffn", s)
         into(f"{p}.res_ffn.norm", f"{s}.final_layer_norm")
+    if m.norm == "pre":  # Pegasus' LayerNorm after each stack
+        into("encoder_norm", "encoder.layer_norm")
+        into("decoder_norm", "decoder.layer_norm")
 
     # One embedding matrix, under whichever of its tied names the file kept.
     names = ["shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight"]

@@ -1,9 +1,11 @@
-"""The model card (README.md) of an exported MarianMT folder: what the Hugging Face Hub shows and indexes.
+"""The model card (README.md) of an exported MarianMT (or Pegasus) folder: what the Hugging Face Hub shows
+and indexes.
 
 Its front matter carries the Hub's fields: the two languages, the licence (which only the user can say:
 `nmt export --license`, a placeholder that says so until then), the pipeline tag `translation`. The body
 gives the model's sizes, the training recipe as nmt read it, and the test scores that `nmt run` wrote to
-results.json beside the checkpoint, when they are this checkpoint's.
+results.json beside the checkpoint, when they are this checkpoint's. It names the layout: MarianMT for a
+post-norm model, Pegasus (PegasusForConditionalGeneration, with MarianMT's tokenizer) for a pre-norm one.
 """
 
 from __future__ import annotations
@@ -31,16 +33,31 @@ def check_license(license: str | None) -> str | None:
     return license
 
 
+USE_MARIAN = [
+    "from transformers import MarianMTModel, MarianTokenizer",
+    "",
+    'tokenizer = MarianTokenizer.from_pretrained("path/to/this/folder")',
+    'model = MarianMTModel.from_pretrained("path/to/this/folder")',
+]
+USE_PEGASUS = [  # the Auto classes: config.json names the model, tokenizer_config.json the tokenizer
+    "from transformers import AutoModelForSeq2SeqLM, AutoTokenizer",
+    "",
+    'tokenizer = AutoTokenizer.from_pretrained("path/to/this/folder")  # a MarianTokenizer',
+    'model = AutoModelForSeq2SeqLM.from_pretrained("path/to/this/folder")  # PegasusForConditionalGeneration',
+]
+
+
 def model_card(cfg: Config, model_path: Path, license: str | None = None) -> str:
     """README.md for the export of the checkpoint `model_path` (whose config is `cfg`)."""
     check_license(license)
     src, tgt, m = cfg.data.src_lang, cfg.data.tgt_lang, cfg.model
+    pre = m.norm == "pre"  # nmt.formats.huggingface.layout_of
     front = {
         "language": [src, tgt],
         "license": license or LICENSE_UNSET,
         "pipeline_tag": "translation",
         "library_name": "transformers",
-        "tags": ["translation", "marian", "nmt"],
+        "tags": ["translation", "pegasus" if pre else "marian", "nmt"],
     }
     head = yaml.safe_dump(front, sort_keys=False, allow_unicode=True).rstrip("\n")
     if license is None:  # a YAML comment on the licence's own line
@@ -54,7 +71,12 @@ def model_card(cfg: Config, model_path: Path, license: str | None = None) -> str
         f"# {src}-{tgt}",
         "",
         f"A Transformer (Vaswani et al., 2017) translating {src} into {tgt}, trained with nmt and exported "
-        "as a MarianMT model (OPUS-MT's layout) for transformers, ONNX and CTranslate2.",
+        + (
+            "as a Pegasus model (PegasusForConditionalGeneration: pre-LayerNorm layers) with a MarianMT "
+            "tokenizer and OPUS-MT's vocabulary layout, for transformers, ONNX and CTranslate2."
+            if pre
+            else "as a MarianMT model (OPUS-MT's layout) for transformers, ONNX and CTranslate2."
+        ),
         "",
         "## Licence",
         "",
@@ -63,10 +85,7 @@ def model_card(cfg: Config, model_path: Path, license: str | None = None) -> str
         "## Use",
         "",
         "```python",
-        "from transformers import MarianMTModel, MarianTokenizer",
-        "",
-        'tokenizer = MarianTokenizer.from_pretrained("path/to/this/folder")',
-        'model = MarianMTModel.from_pretrained("path/to/this/folder")',
+        *(USE_PEGASUS if pre else USE_MARIAN),
         'batch = tokenizer(["A sentence to translate."], return_tensors="pt")',
         "print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))",
         "```",
@@ -74,10 +93,12 @@ def model_card(cfg: Config, model_path: Path, license: str | None = None) -> str
         "## Model",
         "",
         f"- {m.encoder_layers} encoder and {m.decoder_layers} decoder layers, d_model {m.d_model}, "
-        f"feed-forward {m.d_ff}, {m.heads} heads, {m.activation}, post-LayerNorm, sinusoidal positions",
+        f"feed-forward {m.d_ff}, {m.heads} heads, {m.activation}, "
+        + ("pre-LayerNorm and a LayerNorm after each stack" if pre else "post-LayerNorm")
+        + ", sinusoidal positions",
         f"- one vocabulary of {cfg.data.vocab_size} SentencePiece pieces shared by both languages and the "
         "output projection",
-        f"- the decoder starts from {start_description(m.decoder_start)}",
+        f"- the decoder starts from {start_description(m.decoder_start, pre)}",
         "",
         "## Test scores",
         "",
@@ -94,7 +115,10 @@ def model_card(cfg: Config, model_path: Path, license: str | None = None) -> str
     return "\n".join(lines) + "\n"
 
 
-def start_description(decoder_start: str) -> str:
+def start_description(decoder_start: str, pre: bool = False) -> str:
+    if pre:  # CTranslate2's Pegasus converter embeds the start token's row, whatever it holds
+        vector = "a zero vector" if decoder_start == "zero" else "a learned vector"
+        return f"{vector} (`model.decoder_start: {decoder_start}`), the <pad> row"
     if decoder_start == "zero":
         return (
             "a zero vector (`model.decoder_start: zero`, Marian's convention): CTranslate2's "

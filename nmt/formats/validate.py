@@ -1,11 +1,12 @@
 """A foreign model folder checked before anything is built from it: `nmt import`'s validation.
 
-A MarianMT folder comes from elsewhere, so every number in it is checked before it sizes a list, a
-tensor or a loop: config.json's fields are typed and bounded (nmt.config.MODEL_LIMITS: vocabulary,
-width, feed-forward size, positions, layers and heads, heads dividing the width), the weights' names,
-shapes and types are read from the safetensors header before a tensor is read (from the loaded state
-dict for pytorch_model.bin), every weight is finite, source.spm and target.spm load as SentencePiece
-models, and vocab.json holds their pieces. Each failure is one NmtError naming the file and the field.
+A MarianMT folder (or a Pegasus one, a pre-norm model in the same files) comes from elsewhere, so
+every number in it is checked before it sizes a list, a tensor or a loop: config.json's fields are typed
+and bounded (nmt.config.MODEL_LIMITS: vocabulary, width, feed-forward size, positions, layers and heads,
+heads dividing the width), the weights' names, shapes and types are read from the safetensors header
+before a tensor is read (from the loaded state dict for pytorch_model.bin), every weight is finite,
+source.spm and target.spm load as SentencePiece models, and vocab.json holds their pieces. Each failure
+is one NmtError naming the file and the field.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ OPTIONAL = {"decoder_ffn_dim", "decoder_attention_heads", "max_position_embeddin
 RATES = ("dropout", "attention_dropout", "activation_dropout")
 TOKEN_IDS = ("pad_token_id", "eos_token_id", "decoder_start_token_id")
 FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
+MODEL_TYPES = ("marian", "pegasus")  # nmt.formats.huggingface.LAYOUTS; pegasus: a final norm per stack
 MISSING_PIECES = 0.01  # of a SentencePiece model's pieces, vocab.json may lack at most this fraction
 
 
@@ -44,8 +46,8 @@ def check_config(hf: dict, path: Path) -> None:
     def fail(key: str, why: str) -> None:
         raise NmtError(f"{path}: {key} {short(hf.get(key))}: {why}")
 
-    if hf.get("model_type") != "marian":
-        fail("model_type", "not a MarianMT model")
+    if hf.get("model_type") not in MODEL_TYPES:
+        fail("model_type", "not a MarianMT or Pegasus model")
     for key, limit_key in SIZES.items():
         if key in OPTIONAL and key not in hf:
             continue
@@ -119,7 +121,8 @@ def check_pieces(vocab: dict, path: Path, sp: spm.SentencePieceProcessor, spm_pa
 
 
 def expected_shapes(hf: dict) -> dict[str, tuple[int, ...]]:
-    """The shape of every weight a MarianMT model of this config.json has (names without `model.`)."""
+    """The shape of every weight a MarianMT (or Pegasus) model of this config.json has (names without
+    `model.`)."""
     d, f, v = hf["d_model"], hf["encoder_ffn_dim"], hf["vocab_size"]
     shapes: dict[str, tuple[int, ...]] = {}
 
@@ -144,6 +147,9 @@ def expected_shapes(hf: dict) -> dict[str, tuple[int, ...]]:
                 norm(f"{p}.encoder_attn_layer_norm")
             ffn(p)
             norm(f"{p}.final_layer_norm")
+    if hf["model_type"] == "pegasus":
+        norm("encoder.layer_norm")
+        norm("decoder.layer_norm")
     for name in ("shared", "encoder.embed_tokens", "decoder.embed_tokens", "lm_head"):
         shapes[f"{name}.weight"] = (v, d)
     shapes["final_logits_bias"] = (1, v)
