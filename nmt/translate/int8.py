@@ -85,7 +85,9 @@ class Int8Linear(nn.Module):
         scale = rows.abs().amax(dim=1, keepdim=True).div_(127).clamp_min_(_TINY)  # (M, 1) a_r
         q = torch.div(rows, scale).round_().to(torch.int8)  # (M, in) in [-127, 127]
         acc = torch._int_mm(q, self.weight_t)  # (M, out) int32, exact
-        y = torch.addcmul(self.bias, acc.mul(self.scales), scale)  # (M, out) a_r s_o acc + b_o
+        # int32 -> float32 first, then in place: about half the time of a mixed-type multiply and a new tensor
+        y = acc.float().mul_(self.scales)  # (M, out) s_o acc
+        y = torch.addcmul(self.bias, y, scale, out=y)  # (M, out) a_r s_o acc + b_o
         return y.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
