@@ -13,8 +13,8 @@ dependence on the kernel's blocking, which changes with the row count), and ever
 element by element within a row: a sentence's int8 translation does not depend on what else is in its
 batch (tests/test_int8_invariance.py). fbgemm's dynamic quantized linear, used before, took one activation
 scale over all the rows of a call, so it did. The price is per call: about ten operators where fbgemm's
-was one (quantize, multiply, rescale), 1.3-2x its time for the few rows of a decoder step on the demo
-model, about even from a few hundred rows (benchmarks/RESULTS.md, "Translation speed").
+was one (quantize, multiply, rescale), 1.3-2.3x its time for the few rows of a decoder step on the demo
+model, 0.9-1.3x at 256 rows (benchmarks/RESULTS.md, "Translation speed").
 
 Bits. The kernel multiplies unsigned 8-bit by signed 8-bit numbers; signed activations are shifted by 128
 into that range. With VNNI (vpdpbusd: AVX-512 VNNI, AVX-VNNI, AMX) the products accumulate in int32
