@@ -503,6 +503,15 @@ def translate(
             "--split-sentences", help="Translate each line sentence by sentence, joined with its own spacing."
         ),
     ] = False,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Processes that translate a file's batches, sharing the threads (CPU, --engine torch). "
+            "Default: one per thread, each of one thread, when the whole input is read anyway; 1 from a "
+            "terminal, with --interactive, on a GPU, with a glossary or sampling.",
+        ),
+    ] = None,
 ) -> None:
     """Translate lines: exactly one output line for every input line, in order.
 
@@ -519,6 +528,7 @@ def translate(
     nmt translate -m model.pt -i in.en --glossary terms.tsv --avoid banned.de
     nmt translate --engine ctranslate2 -m ct2-en-de -i in.en --dtype int8
     nmt translate -m student.pt -i in.en --beam 1 --dtype int8 --shortlist   # after nmt shortlist
+    nmt translate -m model.pt -i in.en -o out.de --workers 1   # one process of all the threads
     """
     from nmt.config import DecodeOverrides
     from nmt.translate import translate_stream
@@ -555,6 +565,7 @@ def translate(
         glossary=glossary,
         avoid=avoid,
         split_sentences=split_sentences,
+        workers=workers,
     )
 
 
