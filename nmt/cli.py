@@ -507,9 +507,10 @@ def translate(
         int | None,
         typer.Option(
             min=1,
-            help="Processes that translate a file's batches, sharing the threads (CPU, --engine torch). "
-            "Default: one per thread, each of one thread, when the whole input is read anyway; 1 from a "
-            "terminal, with --interactive, on a GPU, with a glossary or sampling.",
+            help="Processes that translate a file's batches at once, sharing the CPU threads out "
+            "(CTranslate2: its inter_threads). Default: one per thread, of one thread each, when the "
+            "whole input is read anyway; 1 from a terminal, with --interactive, on a GPU, with a glossary "
+            "or sampling.",
         ),
     ] = None,
 ) -> None:

@@ -9,6 +9,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -120,17 +121,38 @@ def test_where_one_process_translates():
     cpu = torch.device("cpu")
     assert plan_workers(None, "torch", cpu, interactive=True, terms=False) == 1
     assert plan_workers(None, "torch", cpu, interactive=False, terms=True) == 1
-    assert plan_workers(None, "ctranslate2", cpu, interactive=False, terms=False) == 1
     assert plan_workers(None, "torch", torch.device("cuda"), interactive=False, terms=False) == 1
-    assert plan_workers(None, "torch", cpu, interactive=False, terms=False) == torch.get_num_threads()
     assert plan_workers(3, "torch", cpu, interactive=False, terms=True) == 3
-    for engine, device, interactive, why in [
-        ("torch", cpu, True, "one by one"),
-        ("ctranslate2", cpu, False, "CTranslate2"),
-        ("torch", torch.device("cuda"), False, "--device cuda"),
+    for device, interactive, why in [
+        (cpu, True, "one by one"),
+        (torch.device("cuda"), False, "--device cuda"),
     ]:
         with pytest.raises(NmtError, match=why):
-            plan_workers(2, engine, device, interactive, terms=False)
+            plan_workers(2, "torch", device, interactive, terms=False)
+    with pytest.raises(NmtError, match="--workers 0"):
+        plan_workers(0, "torch", cpu, interactive=False, terms=False)
+
+
+@pytest.mark.numerics
+def test_ctranslate2_inter_threads_write_the_bytes_of_one(model, lines, tmp_path, monkeypatch):
+    pytest.importorskip("ctranslate2")
+    folder = tmp_path / "ct2"
+    exported = cli("export", "-m", model, "--format", "ctranslate2", "-o", folder)
+    assert exported.returncode == 0, exported.stderr.decode()
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(lines) + "\n")
+    ct2 = ["--engine", "ctranslate2", "--dtype", "fp32"]
+    one = translate(folder, src, tmp_path / "one.txt", *ct2, "--workers", "1")
+    threads: set[int] = set()
+    search = LineTranslator.search_batch
+
+    def logged(self, *args, **kw):
+        threads.add(threading.get_ident())
+        return search(self, *args, **kw)
+
+    monkeypatch.setattr(LineTranslator, "search_batch", logged)
+    assert translate(folder, src, tmp_path / "two.txt", *ct2, "--workers", "2") == one
+    assert threads and threading.get_ident() not in threads  # searched by the pool's threads
 
 
 def test_sampling_refuses_workers(model, tmp_path):

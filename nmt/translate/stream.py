@@ -28,7 +28,7 @@ from nmt.progress import Progress, count_lines
 from nmt.translate.builder import build_translator
 from nmt.translate.split import SentenceTranslator
 from nmt.translate.terminology import attach_terminology
-from nmt.translate.workers import WorkerPool, plan_workers, single_threaded_parent
+from nmt.translate.workers import BatchThreads, WorkerPool, plan_workers, single_threaded_parent
 
 CHUNK_LINES = 2000  # lines read, sorted and batched together; their translations are flushed together
 
@@ -142,13 +142,15 @@ def translate_stream(
         stdout()  # a closed standard output is one line now, not after the model has loaded
     interactive = interactive or (input is None and sys.stdin.isatty())
     terms = glossary is not None or avoid is not None
-    requested = workers
-    workers = plan_workers(
-        requested, Engine.parse(engine, "--engine"), resolve_device(device), interactive, terms
-    )
+    requested, engine = workers, Engine.parse(engine, "--engine")
+    workers = plan_workers(requested, engine, resolve_device(device), interactive, terms)
     parent_threads = torch.get_num_threads()  # given back at the end (a caller in the same process)
-    threads = single_threaded_parent(workers) if workers > 1 else 0
-    built = build_translator(model_path, overrides, device, dtype, engine, console)
+    ct2 = engine is Engine.CTRANSLATE2
+    threads = 0
+    if workers > 1:
+        threads = max(1, parent_threads // workers) if ct2 else single_threaded_parent(workers)
+    ct2_threads = (workers, threads) if ct2 and workers > 1 else None
+    built = build_translator(model_path, overrides, device, dtype, engine, console, ct2_threads=ct2_threads)
     translator, decode = built.translator, built.decode
     if workers > 1 and decode.sampling:  # one random stream for the whole input: one process draws it
         if requested is not None:
@@ -165,7 +167,11 @@ def translate_stream(
     max_bytes = 4 * translator.max_chars + 4  # UTF-8: enough bytes for the characters kept, no more read
     start, done = time.perf_counter(), 0
     # Forked before the progress bar starts its thread and before an -o file's temporary file is opened.
-    pool = WorkerPool(built.translator, workers, threads) if workers > 1 else None
+    pool = None
+    if workers > 1:
+        pool = (
+            BatchThreads(built.translator, workers) if ct2 else WorkerPool(built.translator, workers, threads)
+        )
     built.translator.pool = pool
     progress = translation_progress(input, output, interactive, console)
     try:

@@ -25,6 +25,7 @@ import signal
 import traceback
 from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from multiprocessing import get_context
 from multiprocessing.connection import Connection, wait
 
@@ -130,6 +131,30 @@ class WorkerPool:
         self.close(abort=kind is not None)
 
 
+class BatchThreads:
+    """CTranslate2's inter_threads: `n` batches searched at once, each handed over by a thread of ours
+    (translate_batch releases the GIL, and the engine runs each call on one of its `n` replicas, which
+    share the weights). The interface of WorkerPool."""
+
+    def __init__(self, translator, n: int):
+        self.translator, self.executor = translator, ThreadPoolExecutor(n, thread_name_prefix="batches")
+
+    def search_many(
+        self, work: list[tuple[list[list[int]], list[list[int]] | None]], nbest: int | None
+    ) -> Iterator[tuple[int, list[list[tuple[str, float]]]]]:
+        order = sorted(range(len(work)), key=lambda b: -batch_size(work[b][0]))  # costliest first
+        search = self.translator.search_batch
+        futures = {self.executor.submit(search, *work[b], nbest): b for b in order}
+        for future in as_completed(futures):
+            yield futures[future], future.result()
+
+    def __enter__(self) -> BatchThreads:
+        return self
+
+    def __exit__(self, kind, value, tb) -> None:
+        self.executor.shutdown(wait=True, cancel_futures=True)
+
+
 def batch_size(ids: list[list[int]]) -> int:
     return len(ids) * max((len(x) for x in ids), default=0)
 
@@ -175,8 +200,8 @@ def plan_workers(
     """How many worker processes `nmt translate` runs: `requested` (--workers), or by default one per
     thread the process would use (benchmarks/RESULTS.md: 2 workers of 1 thread against 1 process of 2
     threads) where the whole input is read anyway. One process where workers cannot help or are not
-    wanted: lines answered one by one, a GPU, CTranslate2 (which has its own threads), and by default a
-    glossary (its lines are searched in the parent)."""
+    wanted: lines answered one by one, a GPU, and by default a glossary (its lines are searched in the
+    parent). With CTranslate2 the workers are its `inter_threads` (BatchThreads), in one process."""
     if requested is not None and requested < 1:
         raise NmtError(f"--workers {requested}: give 1 or more")
     alone = (
@@ -184,8 +209,6 @@ def plan_workers(
         if interactive
         else f"--device {device} is not the CPU"
         if device.type != "cpu"
-        else "CTranslate2 runs its own threads"
-        if str(engine) != "torch"
         else None
     )
     if alone is not None:
