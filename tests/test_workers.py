@@ -87,6 +87,14 @@ def test_two_workers_write_the_bytes_of_one_process(model, lines, tmp_path, monk
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "one.txt", "pids", "two.txt"]
 
 
+def test_split_sentences_through_workers(model, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("a b c. d e f.\n\ng h i j. k\n")
+    one = translate(model, src, tmp_path / "one.txt", "--split-sentences", "--workers", "1")
+    assert translate(model, src, tmp_path / "two.txt", "--split-sentences", "--workers", "2") == one
+    assert len(one.split(b"\n")) == 4
+
+
 def test_an_error_in_a_worker_is_one_line_and_status_2(model, lines, tmp_path, monkeypatch):
     src = tmp_path / "in.txt"
     src.write_text("\n".join(line.replace("\x07\x1b", "") for line in lines) + "\n")  # no warning
@@ -131,6 +139,9 @@ def test_where_one_process_translates():
             plan_workers(2, "torch", device, interactive, terms=False)
     with pytest.raises(NmtError, match="--workers 0"):
         plan_workers(0, "torch", cpu, interactive=False, terms=False)
+    assert plan_workers(None, "ctranslate2", cpu, interactive=False, terms=False, sampling=True) == 1
+    with pytest.raises(NmtError, match="random stream"):
+        plan_workers(2, "ctranslate2", cpu, interactive=False, terms=False, sampling=True)
 
 
 @pytest.mark.numerics
@@ -161,6 +172,14 @@ def test_sampling_refuses_workers(model, tmp_path):
     result = cli("translate", "-m", model, "-i", src, "--sampling", "--workers", "2")
     assert result.returncode == 2
     one_error_line(result.stderr, "--workers 2", "sampling")
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` is a process that has not ended (an orphan that ended may stay a zombie a while)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def children(pid: int) -> list[int]:
@@ -205,4 +224,38 @@ def test_a_signal_stops_the_workers_and_leaves_no_temporary_file(model, tmp_path
     assert proc.returncode == 128 + signum, stderr.decode()
     assert ("SIGTERM" if signum == signal.SIGTERM else "interrupted") in one_error_line(stderr)
     assert [p.name for p in tmp_path.iterdir()] == ["out.txt"] and out.read_text() == "previous\n"
-    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]
+    assert not any(map(running, workers))
+
+
+@pytest.mark.slow
+def test_workers_end_when_the_command_is_killed(model, tmp_path):
+    """SIGKILL runs no handler: the workers see their pipe close and exit, never left waiting."""
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    command = [
+        sys.executable,
+        "-m",
+        "nmt",
+        "translate",
+        "-m",
+        model,
+        "-o",
+        tmp_path / "out",
+        "--workers",
+        "2",
+    ]
+    proc = subprocess.Popen(command, stdin=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while len(children(proc.pid)) < 2:
+            assert time.monotonic() < deadline and proc.poll() is None, "no workers"
+            time.sleep(0.05)
+        workers = children(proc.pid)
+        proc.kill()
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while any(map(running, workers)):
+            assert time.monotonic() < deadline, "a worker outlived its parent"
+            time.sleep(0.05)
+    finally:
+        proc.kill()
+        proc.stdin.close()

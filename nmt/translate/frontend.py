@@ -107,7 +107,7 @@ class LineTranslator:
         # keeps every character the model's max_source subwords can hold.
         self.max_chars = self.max_source * MAX_PIECE_CHARS
         self.terminology = None  # nmt.translate.terminology.Terminology: a glossary, an avoid list
-        self.pool = None  # nmt.translate.workers.WorkerPool: batches searched in worker processes
+        self.pool = None  # nmt.translate.workers: batches searched by worker processes, or threads
 
     @property
     def decode(self) -> DecodeConfig:

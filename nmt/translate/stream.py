@@ -143,16 +143,23 @@ def translate_stream(
     interactive = interactive or (input is None and sys.stdin.isatty())
     terms = glossary is not None or avoid is not None
     requested, engine = workers, Engine.parse(engine, "--engine")
-    workers = plan_workers(requested, engine, resolve_device(device), interactive, terms)
+    sampling = bool(overrides.values.get("sampling"))
+    workers = plan_workers(requested, engine, resolve_device(device), interactive, terms, sampling)
     parent_threads = torch.get_num_threads()  # given back at the end (a caller in the same process)
     ct2 = engine is Engine.CTRANSLATE2
     threads = 0
     if workers > 1:
         threads = max(1, parent_threads // workers) if ct2 else single_threaded_parent(workers)
     ct2_threads = (workers, threads) if ct2 and workers > 1 else None
-    built = build_translator(model_path, overrides, device, dtype, engine, console, ct2_threads=ct2_threads)
+    try:
+        built = build_translator(
+            model_path, overrides, device, dtype, engine, console, ct2_threads=ct2_threads
+        )
+    except BaseException:
+        torch.set_num_threads(parent_threads)
+        raise
     translator, decode = built.translator, built.decode
-    if workers > 1 and decode.sampling:  # one random stream for the whole input: one process draws it
+    if workers > 1 and decode.sampling:  # the model's own recipe samples: one random stream, one process
         if requested is not None:
             raise ConfigError(f"--workers {workers}: sampling draws from one random stream; use --workers 1")
         torch.set_num_threads(parent_threads)
