@@ -213,11 +213,11 @@ def plan_workers(
     sampling: bool = False,
 ) -> int:
     """How many workers `nmt translate` runs: `requested` (--workers), or by default one per thread the
-    process would use, of one thread each (benchmarks/RESULTS.md: 2 workers of 1 thread translate
-    1.34-1.42x as fast as 1 process of 2 threads, for either engine) where the whole input is read
-    anyway. One process where workers cannot help or are not wanted: lines answered one by one, a GPU,
-    sampling (one random stream for the whole input), and by default a glossary (its lines are searched
-    in the parent). With CTranslate2 the workers are its `inter_threads` (BatchThreads), in one process."""
+    process would use, of one thread each (benchmarks/RESULTS.md: 2 workers of 1 thread translated
+    1.07-1.46x as fast as 1 process of 2 threads) where the whole input is read anyway. One process
+    where workers cannot help or are not wanted: lines answered one by one, a GPU, sampling (one random
+    stream for the whole input), and by default a glossary (its lines are searched in the parent).
+    With CTranslate2 the workers are its `inter_threads` (BatchThreads), in one process."""
     if requested is not None and requested < 1:
         raise NmtError(f"--workers {requested}: give 1 or more")
     alone = (
