@@ -196,6 +196,50 @@ def record_entry(results: list[Result], about: dict) -> str:
     )
 
 
+def tree_memory(pid: int) -> list[int]:
+    """RSS and PSS (shared pages divided among their sharers) of a process and its children, bytes: the
+    workers share the model's pages, which their RSS would count once each."""
+    total = [0, 0]
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        for p in [pid, *map(int, f.read().split())]:
+            for line in open(f"/proc/{p}/smaps_rollup"):  # noqa: SIM115 (a /proc file, read at once)
+                for k, key in enumerate(("Rss:", "Pss:")):
+                    total[k] += int(line.split()[1]) * 1024 if line.startswith(key) else 0
+    return total
+
+
+def processes(args, job: dict, beam: int, work: Path, lines: list[str]) -> list[list[str]]:
+    """--workers N: whole `nmt translate` commands of one process of --threads threads and of N workers
+    sharing them, both engines (CTranslate2's workers: inter_threads): lines/s as the command reports it
+    (loading left out), the command's seconds, the peak RSS and PSS of its process tree."""
+    (work / "in.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    runs: dict = {(engine, w): [] for engine in ("torch", "ctranslate2") for w in (1, args.workers)}
+    for (engine, w), rep in [(setting, rep) for rep in range(args.repeats) for setting in runs]:
+        model = job["checkpoint"] if engine == "torch" else job["ct2_dir"]
+        cmd = [sys.executable, "-m", "nmt", "translate", "-m", model, "-i", work / "in.txt", "-o",
+               work / f"{engine}{w}", "--engine", engine, "--dtype", "fp32", "--beam", str(beam),
+               "--workers", str(w)]  # fmt: skip
+        start, peak = time.perf_counter(), [0, 0]
+        proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})  # fmt: skip
+        while proc.poll() is None:
+            try:
+                peak = [max(a, b) for a, b in zip(peak, tree_memory(proc.pid), strict=True)]
+            except OSError:  # a process that ended between the listing and the reading
+                pass
+            time.sleep(0.02)
+        wall, stderr = time.perf_counter() - start, proc.stderr.read()
+        found = re.search(r"translated (\d+) lines in ([\d.]+) s", stderr)
+        assert proc.returncode == 0 and found, stderr
+        runs[engine, w].append((int(found[1]) / float(found[2]), wall, *peak))
+        print(f"repetition {rep + 1}: {engine} --workers {w}: {runs[engine, w][-1]}", file=sys.stderr)
+    return [[f"{'nmt' if e == 'torch' else 'CTranslate2'} {w} x {args.threads // w}",
+             *(f"{statistics.median(r[k] for r in rs):,.1f}" for k in (0, 1)),
+             *(f"{max(r[k] for r in rs) / MIB:,.0f}" for k in (2, 3)),
+             str((work / f"{e}{w}").read_bytes() == (work / f"{e}1").read_bytes())]
+            for (e, w), rs in runs.items()]  # fmt: skip
+
+
 # ---------------------------------------------------------------------------------------------------------
 # --terminology: glossaries' term-use rate, quality and cost
 
@@ -347,6 +391,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="without --model: a recipe override for the random model (repeatable)")  # fmt: skip
     p.add_argument("--terminology", action="store_true", help="glossaries on Multi30k (needs --model)")
+    p.add_argument("--workers", type=int, help="instead: whole commands, 1 process against N (processes)")
     p.add_argument("--json", action="store_true", help="print the rows and what ran as one JSON object")
     p.add_argument("--record", action="store_true", help="append the figures to benchmarks/RESULTS.md")
     p.add_argument("--results", type=Path, default=RESULTS, help=argparse.SUPPRESS)
@@ -413,6 +458,10 @@ def main(argv: list[str] | None = None) -> list[Result]:
                 job = dict(checkpoint=str(checkpoint), ct2_dir=str(ct2_dir), label=label, device=args.device,
                            decode=dataclasses.asdict(decode), threads=args.threads, lines=lines,
                            latency_lines=latency_lines)  # fmt: skip
+                if args.workers:  # its own table: whole commands, tree memory
+                    head = ["workers x threads", "lines/s", "command s", "RSS MiB", "PSS MiB", "same bytes"]
+                    print("\n".join(common.markdown_table(head, processes(args, job, beam, work, lines))))
+                    continue
                 results += measure(job, engines, args.repeats, refs)
 
     about = {
@@ -437,7 +486,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
         print(json.dumps({"about": about, "rows": [dataclasses.asdict(r) for r in results]}, indent=1))
     else:
         print(f"Translation speed: {about['model']} on {args.device}, {args.threads} threads\n")
-        print("\n".join(common.markdown_table(HEADER, table_rows(results))))
+        print("\n".join(common.markdown_table(HEADER, table_rows(results))) * (not args.workers))
         print("\n".join(f"{key}: {about[key]}" for key in ("machine", "model_detail", "input", "decoding")))
     return results
 

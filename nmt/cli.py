@@ -506,6 +506,16 @@ def translate(
             "--split-sentences", help="Translate each line sentence by sentence, joined with its own spacing."
         ),
     ] = False,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Processes that translate a file's batches at once, sharing the CPU threads out "
+            "(CTranslate2: its inter_threads). Default: one per thread, of one thread each, when the "
+            "whole input is read anyway; 1 from a terminal, with --interactive, on a GPU, with a glossary "
+            "or sampling.",
+        ),
+    ] = None,
 ) -> None:
     """Translate lines: exactly one output line for every input line, in order.
 
@@ -522,6 +532,7 @@ def translate(
     nmt translate -m model.pt -i in.en --glossary terms.tsv --avoid banned.de
     nmt translate --engine ctranslate2 -m ct2-en-de -i in.en --dtype int8
     nmt translate -m student.pt -i in.en --beam 1 --dtype int8 --shortlist   # after nmt shortlist
+    nmt translate -m model.pt -i in.en -o out.de --workers 1   # one process of all the threads
     """
     from nmt.config import DecodeOverrides
     from nmt.translate import translate_stream
@@ -558,6 +569,7 @@ def translate(
         glossary=glossary,
         avoid=avoid,
         split_sentences=split_sentences,
+        workers=workers,
     )
 
 

@@ -60,6 +60,7 @@ def build_translator(
     engine: Engine | str = Engine.TORCH,
     console: Console | None = None,
     command: str = "nmt translate",
+    ct2_threads: tuple[int, int] | None = None,
 ) -> BuiltTranslator:
     """The translator of `models`, decoding with their own settings overridden by `overrides`.
 
@@ -68,13 +69,14 @@ def build_translator(
     checkpoint's decode settings), or a model already in memory (validation: the model being trained).
     `dtype` None leaves a model in memory as it is, for the caller to use again: no precision cast, no
     int8 or prepacked kernels. Errors name the option; `command` names the caller in decode errors.
+    `ct2_threads`: CTranslate2's (inter_threads, intra_threads), by default (1, its own default).
     """
     engine = Engine.parse(engine, "--engine")
     precision = None if dtype is None else Precision.parse(dtype, "--dtype")
     overrides = overrides if overrides is not None else DecodeOverrides()
     torch_device = resolve_device(str(device))
     if engine is Engine.CTRANSLATE2:
-        return ctranslate2_build(models, overrides, torch_device, precision, console, command)
+        return ctranslate2_build(models, overrides, torch_device, precision, console, command, ct2_threads)
     if isinstance(models, LoadedModel):
         loaded, names = [models], ["the model"]
     else:
@@ -109,7 +111,13 @@ def model_paths(models: Path | str | Sequence[Path | str]) -> list[Path]:
 
 
 def ctranslate2_build(
-    models, overrides: DecodeOverrides, device: torch.device, precision: Precision | None, console, command
+    models,
+    overrides: DecodeOverrides,
+    device: torch.device,
+    precision: Precision | None,
+    console,
+    command,
+    threads: tuple[int, int] | None = None,
 ) -> BuiltTranslator:
     """A folder written by `nmt export --format ctranslate2`, decoded by CTranslate2."""
     if isinstance(models, LoadedModel):
@@ -123,7 +131,8 @@ def ctranslate2_build(
     meta = read_meta(paths[0])
     decode = overrides.apply(DecodeConfig(**meta["decode"]), command)
     compute = compute_type(precision or Precision.AUTO, device)
-    translator = ctranslate2_translator(paths[0], decode, str(device), compute, console=console)
+    inter, intra = threads or (1, None)
+    translator = ctranslate2_translator(paths[0], decode, str(device), compute, intra, console, inter)
     used = translator.engine.compute_type  # what "default" turned out to be
     languages = meta["src_lang"], meta["tgt_lang"]
     return BuiltTranslator(translator, *languages, device, used)
@@ -136,11 +145,12 @@ def ctranslate2_translator(
     compute_type: str = "default",
     threads: int | None = None,
     console: Console | None = None,
+    inter_threads: int = 1,
 ) -> LineTranslator:
     """Lines through CTranslate2, over a folder written by `nmt export` (its own subword model)."""
     from nmt.translate.ctranslate2_engine import CT2Engine
 
-    engine = CT2Engine(Path(model_dir), decode, device, compute_type, threads)
+    engine = CT2Engine(Path(model_dir), decode, device, compute_type, threads, inter_threads)
     return LineTranslator(engine, Subword.load(Path(model_dir) / "spm.model"), console)
 
 

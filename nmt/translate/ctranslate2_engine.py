@@ -79,6 +79,7 @@ class CT2Engine:
         device: str = "cpu",
         compute_type: str = "default",
         threads: int | None = None,
+        inter_threads: int = 1,
     ):
         ct2 = import_ctranslate2()
         model_dir = Path(model_dir)
@@ -101,7 +102,7 @@ class CT2Engine:
                 device=kind,
                 device_index=int(index or 0),
                 compute_type=compute_type,
-                inter_threads=1,
+                inter_threads=inter_threads,  # batches searched at once (nmt.translate.workers.BatchThreads)
                 intra_threads=threads or 0,  # 0: CTranslate2's default
             )
         except (RuntimeError, ValueError) as e:

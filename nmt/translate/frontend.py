@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -107,6 +107,7 @@ class LineTranslator:
         # keeps every character the model's max_source subwords can hold.
         self.max_chars = self.max_source * MAX_PIECE_CHARS
         self.terminology = None  # nmt.translate.terminology.Terminology: a glossary, an avoid list
+        self.pool = None  # nmt.translate.workers: batches searched by worker processes, or threads
 
     @property
     def decode(self) -> DecodeConfig:
@@ -178,21 +179,44 @@ class LineTranslator:
         d = self.decode
         rows = rows_per_sentence(d, nbest)
         lengths = [len(sources[i]) + 1 for i in keys]
-        for batch in token_batches(lengths, d.batch_tokens, rows, d, self.max_source):
-            lines = [keys[j] for j in batch]
-            wanted = [forced.get(i, []) for i in lines] if forced else None
-            for i, hyps in zip(
-                lines, self.engine.search([sources[i] for i in lines], wanted, nbest), strict=True
-            ):
-                texts = self.subword.decode([h.tokens for h in hyps])
-                results[i] = [(one_line(text), h.score) for text, h in zip(texts, hyps, strict=True)]
+        batches = [
+            [keys[j] for j in batch]
+            for batch in token_batches(lengths, d.batch_tokens, rows, d, self.max_source)
+        ]
+        work = [
+            ([sources[i] for i in lines], [forced.get(i, []) for i in lines] if forced else None)
+            for lines in batches
+        ]
+        for b, found in self.search_many(work, nbest):
+            for i, hyps in zip(batches[b], found, strict=True):
+                results[i] = hyps
             if on_batch is not None:
-                on_batch(len(lines))
+                on_batch(len(batches[b]))
         if constraints:  # the terminology searches its own lines (and imports this module, not the reverse)
             self.terminology.search(self, results, sources, forced, nbest, constraints)
             if on_batch is not None:
                 on_batch(sum(1 for i in sources if i in constraints))
         return results
+
+    def search_many(
+        self, work: list[tuple[list[list[int]], list[list[int]] | None]], nbest: int | None = None
+    ) -> Iterator[tuple[int, list[list[tuple[str, float]]]]]:
+        """(index, n-best of each line) of each batch of `work` (its sources' ids and forced prefixes),
+        in any order: one after another here, or by the worker processes of `pool`
+        (nmt.translate.workers) when `nmt translate` reads a file with --workers."""
+        if self.pool is not None:
+            return self.pool.search_many(work, nbest)
+        return ((b, self.search_batch(ids, wanted, nbest)) for b, (ids, wanted) in enumerate(work))
+
+    def search_batch(
+        self, ids: list[list[int]], wanted: list[list[int]] | None, nbest: int | None = None
+    ) -> list[list[tuple[str, float]]]:
+        """One batch searched: the n-best (text, score) of each source, best first."""
+        out = []
+        for hyps in self.engine.search(ids, wanted, nbest):
+            texts = self.subword.decode([h.tokens for h in hyps])
+            out.append([(one_line(text), h.score) for text, h in zip(texts, hyps, strict=True)])
+        return out
 
     def clean(self, lines: list[str], first_line: int) -> list[str]:
         """Control characters (NUL, ESC, BEL, ...) become spaces, with one warning naming the lines, so a

@@ -18,8 +18,9 @@ class SentenceTranslator:
         return getattr(self.translator, name)
 
     def translate_nbest(
-        self, lines: list[str], first_line: int = 1, prefixes: list[str] | None = None
+        self, lines: list[str], first_line: int = 1, prefixes: list[str] | None = None, on_batch=None
     ) -> list[list[tuple[str, float]]]:
+        # on_batch counts lines, and a batch here holds sentences: the caller counts the chunk when done
         split = [split_sentences(line, self.language) for line in lines]
         sentences = [s for sents, _ in split for s in sents]
         results = self.translator.translate_nbest(sentences, first_line) if sentences else []

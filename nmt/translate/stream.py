@@ -9,22 +9,26 @@ What happens to each line then is the front end's (nmt.translate.frontend). Warn
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+import torch
 from rich.console import Console
 
 from nmt.atomic import STDIN, refuse_inputs
 from nmt.config import DecodeOverrides, Engine, Precision
+from nmt.device import resolve_device
 from nmt.errors import ConfigError, NmtError
 from nmt.output import output_stream, stdout, write_failed
 from nmt.progress import Progress, count_lines
 from nmt.translate.builder import build_translator
 from nmt.translate.split import SentenceTranslator
 from nmt.translate.terminology import attach_terminology
+from nmt.translate.workers import BatchThreads, WorkerPool, plan_workers, single_threaded_parent
 
 CHUNK_LINES = 2000  # lines read, sorted and batched together; their translations are flushed together
 
@@ -113,6 +117,7 @@ def translate_stream(
     glossary: Path | None = None,
     avoid: Path | None = None,
     split_sentences: bool = False,
+    workers: int | None = None,
 ) -> None:
     """`nmt translate`: lines from `input` (default stdin) to `output` (default stdout), in order.
 
@@ -123,6 +128,7 @@ def translate_stream(
     input line. `prefix` is a file of target prefixes, one per input line. `split_sentences`: each line
     translated sentence by sentence (nmt.translate.split), still one line out.
     `glossary` (a TSV of terms) and `avoid` (phrases) are obeyed by the search (nmt.translate.terminology).
+    `workers`: processes that search the batches (nmt.translate.workers); None: the default for the input.
     """
     if split_sentences and prefix is not None:
         raise ConfigError(
@@ -134,8 +140,30 @@ def translate_stream(
     refuse_inputs(output, [*models, STDIN if input is None else input, prefix, glossary, avoid])
     if output is None:
         stdout()  # a closed standard output is one line now, not after the model has loaded
-    built = build_translator(model_path, overrides, device, dtype, engine, console)
+    interactive = interactive or (input is None and sys.stdin.isatty())
+    terms = glossary is not None or avoid is not None
+    requested, engine = workers, Engine.parse(engine, "--engine")
+    sampling = bool(overrides.values.get("sampling"))
+    workers = plan_workers(requested, engine, resolve_device(device), interactive, terms, sampling)
+    parent_threads = torch.get_num_threads()  # given back at the end (a caller in the same process)
+    ct2 = engine is Engine.CTRANSLATE2
+    threads = 0
+    if workers > 1:
+        threads = max(1, parent_threads // workers) if ct2 else single_threaded_parent(workers)
+    ct2_threads = (workers, threads) if ct2 and workers > 1 else None
+    try:
+        built = build_translator(
+            model_path, overrides, device, dtype, engine, console, ct2_threads=ct2_threads
+        )
+    except BaseException:
+        torch.set_num_threads(parent_threads)
+        raise
     translator, decode = built.translator, built.decode
+    if workers > 1 and decode.sampling:  # the model's own recipe samples: one random stream, one process
+        if requested is not None:
+            raise ConfigError(f"--workers {workers}: sampling draws from one random stream; use --workers 1")
+        torch.set_num_threads(parent_threads)
+        workers = 1
     if decode.shortlist and (scored or decode.nbest > 1):
         console.print("scores are log-probabilities over each sentence's shortlist, not the whole vocabulary")
     attach_terminology(translator, glossary, avoid)
@@ -143,12 +171,18 @@ def translate_stream(
         translator = SentenceTranslator(translator, built.src_lang)
     source = open_input(input)
     prefixes = open_input(prefix) if prefix is not None else None
-    interactive = interactive or (input is None and sys.stdin.isatty())
     max_bytes = 4 * translator.max_chars + 4  # UTF-8: enough bytes for the characters kept, no more read
     start, done = time.perf_counter(), 0
+    # Forked before the progress bar starts its thread and before an -o file's temporary file is opened.
+    pool = None
+    if workers > 1:
+        pool = (
+            BatchThreads(built.translator, workers) if ct2 else WorkerPool(built.translator, workers, threads)
+        )
+    built.translator.pool = pool
     progress = translation_progress(input, output, interactive, console)
     try:
-        with output_stream(output) as sink:
+        with pool or contextlib.nullcontext(), output_stream(output) as sink:
             for chunk in read_chunks(source, 1 if interactive else CHUNK_LINES, max_bytes):
                 lines = decode_chunk(chunk, done + 1, console)
                 wanted = None
@@ -173,6 +207,7 @@ def translate_stream(
         raise problem from None
     finally:
         progress.close()
+        torch.set_num_threads(parent_threads)
         for stream in (source, prefixes):
             if stream is not None and stream is not sys.stdin.buffer:
                 stream.close()
