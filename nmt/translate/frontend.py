@@ -175,24 +175,40 @@ class LineTranslator:
         """
         results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in range(count)]
         keys = [i for i in sources if i not in constraints] if constraints else list(sources)
+
+        def search(lines: list[int], ids: list[list[int]], prefixes, n):
+            return self.engine.search(ids, prefixes, n)
+
+        self.search_batches(results, keys, sources, forced, nbest, search, on_batch)
+        if constraints:  # the terminology searches its own lines (and imports this module, not the reverse)
+            self.terminology.search(self, results, sources, forced, nbest, constraints, on_batch)
+        return results
+
+    def search_batches(
+        self,
+        results: list[list[tuple[str, float]]],
+        keys: list[int],
+        sources: dict[int, list[int]],
+        forced: dict[int, list[int]] | None,
+        nbest: int | None,
+        search: Callable,
+        on_batch: Callable[[int], None] | None = None,
+    ) -> None:
+        """The lines `keys` batched by cost (token_batches) and searched, a batch at a time, by
+        `search(lines, ids, prefixes, nbest) -> list[list[Hypothesis]]` (`lines`: their indices);
+        their n-best written into `results`, each on one line."""
         d = self.decode
         rows = rows_per_sentence(d, nbest)
         lengths = [len(sources[i]) + 1 for i in keys]
         for batch in token_batches(lengths, d.batch_tokens, rows, d, self.max_source):
             lines = [keys[j] for j in batch]
             wanted = [forced.get(i, []) for i in lines] if forced else None
-            for i, hyps in zip(
-                lines, self.engine.search([sources[i] for i in lines], wanted, nbest), strict=True
-            ):
+            found = search(lines, [sources[i] for i in lines], wanted, nbest)
+            for i, hyps in zip(lines, found, strict=True):
                 texts = self.subword.decode([h.tokens for h in hyps])
                 results[i] = [(one_line(text), h.score) for text, h in zip(texts, hyps, strict=True)]
             if on_batch is not None:
                 on_batch(len(lines))
-        if constraints:  # the terminology searches its own lines (and imports this module, not the reverse)
-            self.terminology.search(self, results, sources, forced, nbest, constraints)
-            if on_batch is not None:
-                on_batch(sum(1 for i in sources if i in constraints))
-        return results
 
     def clean(self, lines: list[str], first_line: int) -> list[str]:
         """Control characters (NUL, ESC, BEL, ...) become spaces, with one warning naming the lines, so a
