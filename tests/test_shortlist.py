@@ -243,3 +243,25 @@ def test_terms_decode_over_their_sentences_set_with_their_own_pieces_added(
         together = [nbest[0][0] for nbest in glossed.translate_nbest(lines)]
         alone = [glossed.translate_nbest([line])[0][0][0] for line in lines]
         assert together == alone == [nbest[0][0] for nbest in glossed.translate_nbest(lines[::-1])][::-1]
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+def test_the_cpu_kernels_project_the_union_as_they_project_the_whole_vocabulary(
+    shortlisted: dict[str, Path], synthetic_run: Path, dtype: str
+):
+    from nmt.translate import inference_model
+
+    model, subword, cfg = load_model(shortlisted["whole"])
+    model = inference_model(model, dtype, torch.device("cpu"))  # int8, or fp32 prepacked for oneDNN
+    assert model.output_kernel is not None or dtype == "fp32"
+    whole = load_shortlist(shortlisted["whole"])
+    lines = (synthetic_run / "data" / "valid.xx").read_text().splitlines()[:40]
+    for beam in (1, 3):
+        runs = []
+        for shortlist in (None, whole):
+            d = dataclasses.replace(cfg.decode, beam=beam, shortlist=shortlist is not None)
+            runs.append(
+                Translator(model, subword, d, torch.device("cpu"), shortlist=shortlist).translate_nbest(lines)
+            )
+        texts = [[[text for text, _ in nbest] for nbest in run] for run in runs]
+        assert texts[0] == texts[1]  # the union's rows through the model's own kernel
