@@ -22,9 +22,13 @@ union of its sentences' sets, U ids, renumbered 0..U-1 (`ShortlistDecoder`), so 
 projection, log-softmax and top-k of every step cover U columns, not V. The projection's rows (and the
 output bias) of the union are gathered once per batch, (U, D): one shared matrix, not one per sentence,
 which would read B times the weights at every step (slower than the whole vocabulary at greedy batches
-of hundreds). Each sentence's bias is -inf on the union's ids outside its own set, so its log-softmax
-normalizes over its own set and its output does not depend on the other sentences of its batch
-(CTranslate2 and Marian decode over the union itself). Scores are log-probabilities over the shortlist.
+of hundreds). The product runs in the model's own CPU kernel (int8, or fp32 prepacked for oneDNN:
+nmt.translate.int8, nmt.translate.prepacked) built again over the gathered rows, which gives each column the
+full projection's very numbers; the union is filled up with ids of no set to one of a few sizes
+(`union_size`), so the kernels oneDNN builds per shape serve many batches. Each sentence's mask is -inf
+on the union's ids outside its own set, so its log-softmax normalizes over its own set and its output
+does not depend on the other sentences of its batch (CTranslate2 and Marian decode over the union
+itself). Scores are log-probabilities over the shortlist.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,31 +97,52 @@ class Shortlist:
         return ids
 
 
+def union_size(members: int, vocab: int) -> int:
+    """How many ids a batch's union of `members` ids is filled up to: one of a few sizes, at most 1/16
+    (and 64) apart, so that a CPU kernel built for the union's product (oneDNN builds and caches one per
+    shape) serves many batches; at most the vocabulary."""
+    step = max(64, 1 << max(0, members.bit_length() - 4))
+    return min(vocab, -(-members // step) * step)
+
+
+def output_rows(model, ids: Tensor):
+    """The model's output projection (and bias) on the rows `ids` (U,): (N, D) -> (N, U), column i the
+    full projection's column ids[i]. A CPU kernel of the model's (`output_kernel`: int8, or fp32
+    prepacked for oneDNN) is built again over the gathered rows, so that the union's product runs in it
+    too: those kernels are made from (weight, bias) and quantize or lay out each output row on its own,
+    so a gathered row gives the very numbers of the full map's row."""
+    weight = model.output_weight[ids]  # (U, D)
+    bias = model.output_bias[ids] if model.output_bias is not None else None
+    kernel = getattr(model, "output_kernel", None)
+    if kernel is not None:
+        return type(kernel)(weight, bias)
+    return lambda y: F.linear(y.to(weight.dtype), weight, bias)
+
+
 @dataclass
 class SentenceOutput:
     """The output projection restricted to the union of a batch's sets, each sentence masked to its own."""
 
-    weight: Tensor  # (U, D) the projection's rows of the union's ids
-    bias: Tensor  # (B, 1, U) the output bias (0 without one) on each sentence's own ids, -inf elsewhere
+    project: Callable[[Tensor], Tensor]  # (N, D) -> (N, U): output_rows of the union's ids
+    mask: Tensor  # (B, 1, U) 0 on each sentence's own ids, -inf elsewhere
 
     @classmethod
-    def gather(cls, sets: Tensor, ids: Tensor, weight: Tensor, bias: Tensor | None) -> SentenceOutput:
-        """`sets` (B, V) from Shortlist.members, `ids` (U,) their union; `weight` (V, D) and `bias` (V,) or
-        None: a model's."""
-        own = bias[ids] if bias is not None else torch.zeros(ids.shape, dtype=weight.dtype, device=ids.device)
-        masked = torch.where(sets[:, ids], own, -math.inf).to(weight.dtype)[:, None, :]  # (B, 1, U)
-        return cls(weight[ids], masked)
+    def gather(cls, sets: Tensor, ids: Tensor, model) -> SentenceOutput:
+        """`sets` (B, V) from Shortlist.members, `ids` (U,) their union (and ids of no set, filling it up
+        to union_size); `model` a Transformer."""
+        dtype = model.output_weight.dtype
+        mask = torch.zeros(sets.shape[0], 1, len(ids), dtype=dtype, device=ids.device)  # (B, 1, U)
+        return cls(output_rows(model, ids), mask.masked_fill_(~sets[:, None, ids], -math.inf))
 
     def logits(self, y: Tensor, beam: int) -> Tensor:
         """Hidden states y (B*beam, D), sentence-major -> logits over the union (B*beam, U), -inf outside
         each sentence's set."""
-        b, u = self.bias.shape[0], self.weight.shape[0]
-        scores = F.linear(y.to(self.weight.dtype), self.weight).view(b, beam, u) + self.bias  # (B, beam, U)
-        return scores.view(b * beam, u)
+        b, u = self.mask.shape[0], self.mask.shape[2]
+        return self.project(y).view(b, beam, u).add_(self.mask).view(b * beam, u)  # (B*beam, U)
 
     def select(self, sentences: Tensor) -> SentenceOutput:
         """Only the sentences `sentences` (B',), in that order (finished ones leave the batch)."""
-        return SentenceOutput(self.weight, self.bias.index_select(0, sentences))
+        return SentenceOutput(self.project, self.mask.index_select(0, sentences))
 
 
 class ShortlistDecoder:
@@ -140,6 +165,9 @@ class ShortlistDecoder:
         self.sets = shortlist.members(src, extra)  # (B, V)
         union = self.sets.any(0)
         union[: max(PAD, UNK, BOS, EOS) + 1] = True
+        members = int(union.sum())
+        filler = (~union).nonzero().squeeze(1)  # ids of no set: never emitted, they fill the union up
+        union[filler[: union_size(members, model.vocab_size) - members]] = True
         self.ids = union.nonzero().squeeze(1)  # (U,) ascending: ids[i] = i for the reserved ones
         self.vocab_size = len(self.ids)
         self.index = torch.zeros(model.vocab_size, dtype=torch.long, device=src.device)  # (V,) id -> i
@@ -165,9 +193,7 @@ class ShortlistDecoder:
         state = self.model.init_state(memory, src_keep, max_len, beam)
         models = getattr(self.model, "members", [self.model])  # an Ensemble's, each with its own state
         for model, model_state in zip(models, state if isinstance(state, list) else [state], strict=True):
-            model_state.shortlist = SentenceOutput.gather(
-                self.sets, self.ids, model.output_weight, model.output_bias
-            )
+            model_state.shortlist = SentenceOutput.gather(self.sets, self.ids, model)
         return state
 
     def step(self, tokens: Tensor, state):

@@ -204,3 +204,64 @@ def test_the_ctranslate2_export_carries_the_shortlist_as_its_vocabulary_map(
     # one sentence a call: CTranslate2 decodes a batch over the union of its sentences' sets
     assert [theirs.translate([line])[0] for line in lines] == ours.translate(lines)
     assert load_checkpoint(shortlisted["tight"]).shortlist is not None
+
+
+def test_terms_decode_over_their_sentences_set_with_their_own_pieces_added(
+    shortlisted: dict[str, Path], synthetic_run: Path
+):
+    from nmt.translate.terminology import Glossary, Terminology, entry
+
+    model, subword, cfg = load_model(shortlisted["tight"])
+    shortlist = load_shortlist(shortlisted["tight"])
+    valid = (synthetic_run / "data" / "valid.xx").read_text().splitlines()
+    letters = sorted({w for line in valid for w in line.split()})
+    term = letters[-1]  # the target of the glossary's one entry, and in none of the lines below
+    lines = [line for line in valid if term not in line.split()][:12]
+    source = next(w for w in letters if sum(w in line.split() for line in lines) in range(3, 9))
+    matched = [source in line.split() for line in lines]
+
+    def translator(glossary: bool, tight: bool, beam: int = 3) -> Translator:
+        d = dataclasses.replace(cfg.decode, beam=beam, nbest=1, shortlist=tight)
+        found = Translator(model, subword, d, torch.device("cpu"), shortlist=shortlist if tight else None)
+        if glossary:
+            found.terminology = Terminology(subword, 64, Glossary([entry(source, term, "test[0]")]))
+        return found
+
+    tight = translator(True, True).translate_nbest(lines)
+    plain = translator(False, True).translate_nbest(lines)
+    full = translator(True, False).translate_nbest(lines)
+    for line, hit, (best,), (without,), (unlisted,) in zip(lines, matched, tight, plain, full, strict=True):
+        words = best[0].split()
+        if hit:  # the term, whose pieces lie outside the sentence's set, is placed; the rest keeps to the set
+            assert words.count(term) == line.split().count(source) and set(words) <= {*line.split(), term}
+            # over its set (with the term's pieces), so each token's log-probability is at least as high
+            assert best[0] == unlisted[0] and best[1] > unlisted[1]
+        else:  # a line without the term decodes as it would without the glossary: within its set
+            assert best[0] == without[0] and set(words) <= set(line.split())
+    for beam in (1, 3):  # each sentence over its own set and its own terms: the same alone as in a batch
+        glossed = translator(True, True, beam)
+        together = [nbest[0][0] for nbest in glossed.translate_nbest(lines)]
+        alone = [glossed.translate_nbest([line])[0][0][0] for line in lines]
+        assert together == alone == [nbest[0][0] for nbest in glossed.translate_nbest(lines[::-1])][::-1]
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+def test_the_cpu_kernels_project_the_union_as_they_project_the_whole_vocabulary(
+    shortlisted: dict[str, Path], synthetic_run: Path, dtype: str
+):
+    from nmt.translate import inference_model
+
+    model, subword, cfg = load_model(shortlisted["whole"])
+    model = inference_model(model, dtype, torch.device("cpu"))  # int8, or fp32 prepacked for oneDNN
+    assert model.output_kernel is not None or dtype == "fp32"
+    whole = load_shortlist(shortlisted["whole"])
+    lines = (synthetic_run / "data" / "valid.xx").read_text().splitlines()[:40]
+    for beam in (1, 3):
+        runs = []
+        for shortlist in (None, whole):
+            d = dataclasses.replace(cfg.decode, beam=beam, shortlist=shortlist is not None)
+            runs.append(
+                Translator(model, subword, d, torch.device("cpu"), shortlist=shortlist).translate_nbest(lines)
+            )
+        texts = [[[text for text, _ in nbest] for nbest in run] for run in runs]
+        assert texts[0] == texts[1]  # the union's rows through the model's own kernel

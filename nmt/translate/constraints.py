@@ -76,6 +76,22 @@ def constraint_tokens(constraints: list[Constraint]) -> list[int]:
     return sorted({w for c in constraints for alt in c.alternatives for w in alt})
 
 
+def renumbered(
+    constraints: list[list[Constraint]], avoid: list[list[int]], glue: Tensor | None, numbering: Tensor
+) -> tuple[list[list[Constraint]], list[list[int]], Tensor | None]:
+    """The constraints, avoided phrases and glue (V,) of a search over a part of the vocabulary whose token
+    i is vocabulary id numbering[i] (U,): a shortlist's union (nmt.shortlist). Every constraint token is
+    in the part (the engine adds constraint_tokens to each sentence's set); a phrase with a token outside
+    it can never be produced, so it needs no ban."""
+    index = {w: i for i, w in enumerate(numbering.tolist())}
+    inside = [
+        [Constraint(tuple(tuple(index[w] for w in alt) for alt in c.alternatives), c.count) for c in sentence]
+        for sentence in constraints
+    ]
+    kept = [[index[w] for w in phrase] for phrase in avoid if all(w in index for w in phrase)]
+    return inside, kept, glue[numbering.to(glue.device)] if glue is not None else None
+
+
 @dataclass
 class ConstraintBatch:
     """The constraints of B sentences as tensors; P alternatives (paths) and C constraints per sentence,

@@ -176,6 +176,25 @@ class LineTranslator:
         """
         results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in range(count)]
         keys = [i for i in sources if i not in constraints] if constraints else list(sources)
+        self.search_batches(results, keys, sources, forced, nbest, on_batch=on_batch)
+        if constraints:  # the terminology searches its own lines (and imports this module, not the reverse)
+            self.terminology.search(self, results, sources, forced, nbest, constraints, on_batch)
+        return results
+
+    def search_batches(
+        self,
+        results: list[list[tuple[str, float]]],
+        keys: list[int],
+        sources: dict[int, list[int]],
+        forced: dict[int, list[int]] | None,
+        nbest: int | None,
+        search: Callable | None = None,
+        on_batch: Callable[[int], None] | None = None,
+    ) -> None:
+        """The lines `keys` batched by cost (token_batches) and searched, a batch at a time, by
+        `search(lines, ids, prefixes, nbest) -> list[list[Hypothesis]]` (`lines`: their indices), or by
+        default by the engine, through the worker processes when there are (search_many); their n-best
+        written into `results`, each on one line."""
         d = self.decode
         rows = rows_per_sentence(d, nbest)
         lengths = [len(sources[i]) + 1 for i in keys]
@@ -187,16 +206,18 @@ class LineTranslator:
             ([sources[i] for i in lines], [forced.get(i, []) for i in lines] if forced else None)
             for lines in batches
         ]
-        for b, found in self.search_many(work, nbest):
-            for i, hyps in zip(batches[b], found, strict=True):
-                results[i] = hyps
+        if search is None:
+            found = self.search_many(work, nbest)
+        else:
+            found = (
+                (b, self.texts(search(batches[b], ids, wanted, nbest)))
+                for b, (ids, wanted) in enumerate(work)
+            )
+        for b, hyps in found:
+            for i, line in zip(batches[b], hyps, strict=True):
+                results[i] = line
             if on_batch is not None:
                 on_batch(len(batches[b]))
-        if constraints:  # the terminology searches its own lines (and imports this module, not the reverse)
-            self.terminology.search(self, results, sources, forced, nbest, constraints)
-            if on_batch is not None:
-                on_batch(sum(1 for i in sources if i in constraints))
-        return results
 
     def search_many(
         self, work: list[tuple[list[list[int]], list[list[int]] | None]], nbest: int | None = None
@@ -211,9 +232,13 @@ class LineTranslator:
     def search_batch(
         self, ids: list[list[int]], wanted: list[list[int]] | None, nbest: int | None = None
     ) -> list[list[tuple[str, float]]]:
-        """One batch searched: the n-best (text, score) of each source, best first."""
+        """One batch searched by the engine: the n-best (text, score) of each source, best first."""
+        return self.texts(self.engine.search(ids, wanted, nbest))
+
+    def texts(self, found: list) -> list[list[tuple[str, float]]]:
+        """Each source's hypotheses (nmt.translate.search.Hypothesis) as (text on one line, score)."""
         out = []
-        for hyps in self.engine.search(ids, wanted, nbest):
+        for hyps in found:
             texts = self.subword.decode([h.tokens for h in hyps])
             out.append([(one_line(text), h.score) for text, h in zip(texts, hyps, strict=True)])
         return out

@@ -30,9 +30,8 @@ from nmt.config import Engine
 from nmt.errors import NmtError
 from nmt.subword import Subword
 from nmt.tokens import UNK
-from nmt.translate.constraints import Constraint, constrained_beam_search
+from nmt.translate.constraints import Constraint, constrained_beam_search, constraint_tokens, renumbered
 from nmt.translate.search import Hypothesis
-from nmt.translate.torch_engine import padded_prefixes, padded_sources
 
 WORD_START = "\u2581"  # SentencePiece's word-start marker
 
@@ -239,9 +238,11 @@ class Terminology:
                 )
         return [c for c, _ in pairs]
 
-    def search(self, translator, results: list, sources: dict, forced, nbest, constraints) -> None:
+    def search(
+        self, translator, results: list, sources: dict, forced, nbest, constraints, on_batch=None
+    ) -> None:
         """The lines with terms, searched under them: `search_terms`."""
-        search_terms(translator, results, sources, forced, nbest, constraints)
+        search_terms(translator, results, sources, forced, nbest, constraints, on_batch)
 
     def apply(
         self, lines: dict[int, str], extra: Glossary | None = None, kept: dict[int, list[str]] | None = None
@@ -277,22 +278,24 @@ def search_constrained(
     glue: torch.Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     """engine.search's answer, under constraints: the PyTorch engine's model searched by
-    nmt.translate.constraints, with the engine's decode settings. Sentences no hypothesis could place
-    every term in are searched again without them (they get their best translation, not none)."""
-    d, model = engine.decode, engine.model
+    nmt.translate.constraints, with the engine's decode settings (and its shortlist, each sentence's set
+    holding every token of its terms). Sentences no hypothesis could place every term in are searched
+    again without them (they get their best translation, not none)."""
+    d = engine.decode
     n = d.nbest if nbest is None else nbest
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            src, prefix = padded_sources(ids, engine.device), padded_prefixes(prefixes, engine.device)
-            found = constrained_beam_search(
-                model, src, constraints, d.beam, d.lenpen, d.max_len_a, d.max_len_b, n,
-                min_len=d.min_len, no_repeat_ngram=d.no_repeat_ngram_size, prefix=prefix,
-                avoid=[list(p) for p in avoid], glue=glue.to(engine.device) if glue is not None else None,
-            )  # fmt: skip
-    finally:
-        model.train(was_training)
+    phrases = [list(p) for p in avoid]
+
+    def search(decoder, src: torch.Tensor, prefix: torch.Tensor | None, numbering: torch.Tensor | None):
+        terms, banned, ends = constraints, phrases, glue
+        if numbering is not None:  # a shortlist's union: the terms in its numbering
+            terms, banned, ends = renumbered(constraints, phrases, glue, numbering)
+        return constrained_beam_search(
+            decoder, src, terms, d.beam, d.lenpen, d.max_len_a, d.max_len_b, n,
+            min_len=d.min_len, no_repeat_ngram=d.no_repeat_ngram_size, prefix=prefix,
+            avoid=banned, glue=ends.to(src.device) if ends is not None else None,
+        )  # fmt: skip
+
+    found = engine.run(search, ids, prefixes, [constraint_tokens(c) for c in constraints])
     missing = [i for i, hyps in enumerate(found) if not hyps]
     if missing:
         again = engine.search(
@@ -311,28 +314,22 @@ def check_engine(engine, decode) -> None:
         raise NmtError("a glossary or avoid list works with beam search, not with --sampling")
 
 
-def search_terms(translator, results: list, sources: dict, forced: dict | None, nbest, constraints) -> None:
+def search_terms(
+    translator, results: list, sources: dict, forced: dict | None, nbest, constraints, on_batch=None
+) -> None:
     """The lines with terms (`constraints`, by line index) of a front end's search_sources: batched among
-    themselves (a batch of the usual budget, not a few lines beside the others) and searched under their
-    terms; their n-best written into `results` as search_sources writes the others'."""
-    from nmt.translate.frontend import one_line, rows_per_sentence, token_batches
-
+    themselves (a batch of the usual budget, not a few lines beside the others) by its search_batches
+    and searched under their terms."""
     engine, terms = translator.engine, translator.terminology
     check_engine(engine, engine.decode)
+
+    def search(lines: list[int], ids: list[list[int]], prefixes, n):
+        return search_constrained(
+            engine, ids, [constraints[i] for i in lines], terms.avoid, prefixes, n, terms.glue
+        )
+
     keys = [i for i in sources if i in constraints]
-    d = engine.decode
-    rows = rows_per_sentence(d, nbest)
-    lengths = [len(sources[i]) + 1 for i in keys]
-    for batch in token_batches(lengths, d.batch_tokens, rows, d, translator.max_source):
-        lines = [keys[j] for j in batch]
-        wanted = [forced.get(i, []) for i in lines] if forced else None
-        found = search_constrained(
-            engine, [sources[i] for i in lines], [constraints[i] for i in lines], terms.avoid, wanted, nbest,
-            terms.glue,
-        )  # fmt: skip
-        for i, hyps in zip(lines, found, strict=True):
-            texts = translator.subword.decode([h.tokens for h in hyps])
-            results[i] = [(one_line(text), h.score) for text, h in zip(texts, hyps, strict=True)]
+    translator.search_batches(results, keys, sources, forced, nbest, search, on_batch)
 
 
 def server_terminology(translator) -> Terminology | None:

@@ -6,6 +6,10 @@ beam search otherwise, and drawing with a sampler when `decode.sampling` is on (
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -49,51 +53,76 @@ class TorchEngine:
     def search(
         self, ids: list[list[int]], prefixes: list[list[int]] | None = None, nbest: int | None = None
     ) -> list[list[Hypothesis]]:
-        """The `nbest` (by default decode.nbest) best of each source, best first; eval mode during the
-        search, then restored."""
-        d, model = self.decode, self.model
+        """The `nbest` (by default decode.nbest) best of each source, best first."""
+        d = self.decode
         n = d.nbest if nbest is None else nbest
+        if d.sampling:
+            return self.sample(ids, prefixes, n)
+        if d.beam == 1:
+            return [[h] for h in self.run(self.greedy, ids, prefixes)]
+
+        def beam(decoder, src: Tensor, prefix: Tensor | None, numbering: Tensor | None):
+            return beam_search(
+                decoder, src, d.beam, d.lenpen, d.max_len_a, d.max_len_b, n,
+                min_len=d.min_len, no_repeat_ngram=d.no_repeat_ngram_size, prefix=prefix,
+            )  # fmt: skip
+
+        return self.run(beam, ids, prefixes)
+
+    def run(
+        self,
+        search: Callable[[Any, Tensor, Tensor | None, Tensor | None], list],
+        ids: list[list[int]],
+        prefixes: list[list[int]] | None = None,
+        extra: list[list[int]] | None = None,
+    ) -> list:
+        """`search(decoder, src, prefix, numbering)` over the sources `ids` and their forced `prefixes`,
+        padded (padded_sources, padded_prefixes), in eval mode (then restored) and inference mode; its
+        hypotheses come back in vocabulary ids.
+
+        Without a shortlist the decoder is the model, `numbering` None. With one, each sentence decodes
+        over its own set, its prefix and its `extra` ids (the tokens its terms are written with) added,
+        the search in the numbering of the batch's union (nmt.shortlist.ShortlistDecoder): `prefix` is
+        in it already, and `numbering` (U,) gives the vocabulary id of each of its tokens, for what
+        else the search is given in vocabulary ids."""
+        model = self.model
         was_training = model.training
         model.eval()
         try:
             with torch.inference_mode():
                 src, prefix = padded_sources(ids, self.device), padded_prefixes(prefixes, self.device)
-                if d.sampling:
-                    return self.sample(src, prefix, n)
-                if d.beam == 1:
-                    return [[h] for h in self.greedy(src, prefix)]
-                decoder, prefix, restore = self.decoder(src, prefix)
-                return restore(beam_search(
-                    decoder, src, d.beam, d.lenpen, d.max_len_a, d.max_len_b, n,
-                    min_len=d.min_len, no_repeat_ngram=d.no_repeat_ngram_size, prefix=prefix,
-                ))  # fmt: skip
+                if self.shortlist is None:
+                    return search(model, src, prefix, None)
+                from nmt.shortlist import ShortlistDecoder
+
+                added = [p for p in (prefix, padded_prefixes(extra, self.device)) if p is not None]
+                decoder = ShortlistDecoder(model, self.shortlist, src, torch.cat(added, 1) if added else None)
+                return decoder.from_union(search(decoder, src, decoder.to_union(prefix), decoder.ids))
         finally:
             model.train(was_training)
 
-    def greedy(self, src: Tensor, prefix: Tensor | None, sampler: Sampler | None = None) -> list[Hypothesis]:
+    def greedy(
+        self,
+        decoder,
+        src: Tensor,
+        prefix: Tensor | None,
+        numbering: Tensor | None,
+        sampler: Sampler | None = None,
+    ) -> list[Hypothesis]:
         d = self.decode
-        decoder, prefix, restore = self.decoder(src, prefix)
-        return restore(greedy_search(
+        return greedy_search(
             decoder, src, d.max_len_a, d.max_len_b, d.lenpen,
             min_len=d.min_len, no_repeat_ngram=d.no_repeat_ngram_size, prefix=prefix, sampler=sampler,
-        ))  # fmt: skip
+        )  # fmt: skip
 
-    def decoder(self, src: Tensor, prefix: Tensor | None):
-        """What the search decodes with: the model, its prefix, and what turns the hypotheses into
-        vocabulary ids. With a shortlist, each sentence decodes over its own set (which holds its prefix),
-        the search in the numbering of the batch's union (nmt.shortlist.ShortlistDecoder)."""
-        if self.shortlist is None:
-            return self.model, prefix, lambda found: found
-        from nmt.shortlist import ShortlistDecoder
-
-        decoder = ShortlistDecoder(self.model, self.shortlist, src, prefix)
-        return decoder, decoder.to_union(prefix), decoder.from_union
-
-    def sample(self, src: Tensor, prefix: Tensor | None, n: int) -> list[list[Hypothesis]]:
+    def sample(
+        self, ids: list[list[int]], prefixes: list[list[int]] | None, n: int
+    ) -> list[list[Hypothesis]]:
         """`n` drawn translations of each source, best score first."""
         d = self.decode
         sampler = Sampler(d.sampling_topk, d.sampling_topp, d.temperature, self.generator)
-        rows = src.repeat_interleave(n, dim=0)  # (B*n, S): sentence i's samples are rows i*n .. i*n+n-1
-        prefix = prefix.repeat_interleave(n, dim=0) if prefix is not None else None
-        drawn = self.greedy(rows, prefix, sampler)
+        # sentence i's samples are rows i*n .. i*n+n-1
+        rows = [seq for seq in ids for _ in range(n)]
+        row_prefixes = [seq for seq in prefixes for _ in range(n)] if prefixes is not None else None
+        drawn = self.run(functools.partial(self.greedy, sampler=sampler), rows, row_prefixes)
         return [sorted(drawn[i : i + n], key=lambda h: -h.score) for i in range(0, len(drawn), n)]
