@@ -8,6 +8,7 @@ figures: benchmarks/README.md, Translation speed and Terminology.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import gzip
 import json
@@ -197,42 +198,34 @@ def record_entry(results: list[Result], about: dict) -> str:
 
 
 def tree_memory(pid: int) -> list[int]:
-    """RSS and PSS (shared pages divided among their sharers) of a process and its children, bytes: the
-    workers share the model's pages, which their RSS would count once each."""
-    total = [0, 0]
-    with open(f"/proc/{pid}/task/{pid}/children") as f:
-        for p in [pid, *map(int, f.read().split())]:
-            for line in open(f"/proc/{p}/smaps_rollup"):  # noqa: SIM115 (a /proc file, read at once)
-                for k, key in enumerate(("Rss:", "Pss:")):
-                    total[k] += int(line.split()[1]) * 1024 if line.startswith(key) else 0
-    return total
+    """RSS and PSS of a process and its children, bytes: PSS divides the pages the workers share."""
+    pids = [pid, *map(int, Path(f"/proc/{pid}/task/{pid}/children").read_text().split())]
+    rollups = "".join(Path(f"/proc/{p}/smaps_rollup").read_text() for p in pids)
+    return [1024 * sum(map(int, re.findall(rf"^{key}:\s+(\d+)", rollups, re.M))) for key in ("Rss", "Pss")]
 
 
 def processes(args, job: dict, beam: int, work: Path, lines: list[str]) -> list[list[str]]:
-    """--workers N: whole `nmt translate` commands of one process of --threads threads and of N workers
+    """--workers N: whole `nmt translate` commands, one process of --threads threads against N workers
     sharing them, both engines (CTranslate2's workers: inter_threads): lines/s as the command reports it
     (loading left out), the command's seconds, the peak RSS and PSS of its process tree."""
     (work / "in.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     runs: dict = {(engine, w): [] for engine in ("torch", "ctranslate2") for w in (1, args.workers)}
-    for (engine, w), rep in [(setting, rep) for rep in range(args.repeats) for setting in runs]:
-        model = job["checkpoint"] if engine == "torch" else job["ct2_dir"]
+    for (e, w), rep in [(setting, rep) for rep in range(args.repeats) for setting in runs]:
+        model = job["checkpoint" if e == "torch" else "ct2_dir"]
         cmd = [sys.executable, "-m", "nmt", "translate", "-m", model, "-i", work / "in.txt", "-o",
-               work / f"{engine}{w}", "--engine", engine, "--dtype", "fp32", "--beam", str(beam),
+               work / f"{e}{w}", "--engine", e, "--dtype", "fp32", "--beam", str(beam),
                "--workers", str(w)]  # fmt: skip
-        start, peak = time.perf_counter(), [0, 0]
-        proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True,
-                                env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})  # fmt: skip
+        start, peak, env = time.perf_counter(), [0, 0], {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+        proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env)
         while proc.poll() is None:
-            try:
+            with contextlib.suppress(OSError):  # a process that ended between the listing and the reading
                 peak = [max(a, b) for a, b in zip(peak, tree_memory(proc.pid), strict=True)]
-            except OSError:  # a process that ended between the listing and the reading
-                pass
             time.sleep(0.02)
         wall, stderr = time.perf_counter() - start, proc.stderr.read()
         found = re.search(r"translated (\d+) lines in ([\d.]+) s", stderr)
         assert proc.returncode == 0 and found, stderr
-        runs[engine, w].append((int(found[1]) / float(found[2]), wall, *peak))
-        print(f"repetition {rep + 1}: {engine} --workers {w}: {runs[engine, w][-1]}", file=sys.stderr)
+        runs[e, w].append((int(found[1]) / float(found[2]), wall, *peak))
+        print(f"repetition {rep + 1}: {e} --workers {w}: {runs[e, w][-1]}", file=sys.stderr)
     return [[f"{'nmt' if e == 'torch' else 'CTranslate2'} {w} x {args.threads // w}",
              *(f"{statistics.median(r[k] for r in rs):,.1f}" for k in (0, 1)),
              *(f"{max(r[k] for r in rs) / MIB:,.0f}" for k in (2, 3)),
