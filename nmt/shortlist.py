@@ -74,8 +74,10 @@ class Shortlist:
         return cls(payload["frequent"].long(), payload["table"].long())
 
     def members(self, src: Tensor, extra: Tensor | None = None) -> Tensor:
-        """Each sentence's target set as a mask: (B, S) source ids (PAD-padded), (B, E) ids to add
-        (PAD-filled) or None -> (B, V) bool."""
+        """The ids each sentence's log-softmax runs over, as a mask: (B, S) source ids (PAD-padded), (B, E)
+        ids to add (PAD-filled) or None -> (B, V) bool. Its set, and PAD and BOS: never emitted, the search
+        forbids them after the log-softmax as it does without a shortlist, so they count in the
+        normalisation alike and a shortlist of the whole vocabulary gives the very scores of none."""
         b, v = src.shape[0], self.vocab_size
         member = torch.zeros(b, v, dtype=torch.bool, device=src.device)  # (B, V)
         member[:, self.frequent.to(src.device)] = True
@@ -83,12 +85,14 @@ class Shortlist:
         member.scatter_(1, self.table.to(src.device)[src].view(b, -1), True)  # table[PAD] is all PAD
         if extra is not None:
             member.scatter_(1, extra, True)
-        member[:, [PAD, BOS]] = False  # never emitted (nmt.translate.search)
+        member[:, [PAD, BOS]] = True
         return member
 
     def sentence_ids(self, src: Tensor, extra: Tensor | None = None) -> Tensor:
-        """Each sentence's set as ascending ids padded with PAD to the largest set: -> (B, M)."""
+        """Each sentence's set (the ids it may emit) as ascending ids padded with PAD to the largest set:
+        -> (B, M)."""
         member = self.members(src, extra)
+        member[:, [PAD, BOS]] = False
         rows, cols = member.nonzero(as_tuple=True)  # row-major: each row's ids ascending
         sizes = member.sum(1)  # (B,)
         starts = torch.cumsum(sizes, 0) - sizes  # (B,)
