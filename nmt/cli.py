@@ -810,6 +810,14 @@ def distill(
     drop_worst: Annotated[
         float, typer.Option(metavar="<percent>", help="Drop this share of the pairs with the lowest scores.")
     ] = 5.0,
+    init: Annotated[
+        str,
+        typer.Option(
+            metavar="<scratch|teacher>",
+            help="scratch, or teacher: the student starts from the teacher's embeddings and layers "
+            "(the same width; its stacks take the teacher's layers spread evenly).",
+        ),
+    ] = "scratch",
 ) -> None:
     """Distil a teacher into the recipe's (small) student: the teacher translates the training source,
     the best of its n-best is kept and filtered, the student trains on it with the teacher's subwords,
@@ -822,6 +830,7 @@ def distill(
     nmt distill multi30k-en-de-student --teacher runs/multi30k-en-de/checkpoints/average.pt
     nmt distill wmt14-en-de-student-big --teacher big.pt --teacher-precision int8
     nmt distill my-student.yaml --teacher t.pt --mono news.en --select top1
+    nmt distill multi30k-en-de-student --teacher average.pt --init teacher   # shrink and fine-tune
     """
     from nmt.config import load_config
     from nmt.distill import DistillOptions
@@ -838,6 +847,7 @@ def distill(
         nbest=nbest,
         chunk_lines=chunk_lines,
         filters=FilterSettings(max_ratio=max_ratio, worst_percent=drop_worst),
+        init=init,
     )
     run_distill(cfg, opts, _workdir(recipe, workdir), mirror=mirror, console=err)
 

@@ -7,14 +7,16 @@ import hashlib
 import json
 import os
 import re
+from io import StringIO
 
 import pytest
 import torch
+from rich.console import Console
 from typer.testing import CliRunner
 
 from nmt import atomic
 from nmt.cli import app
-from nmt.config import RECIPES_DIR, config_from_dict, load_config
+from nmt.config import RECIPES_DIR, config_from_dict, config_to_dict, load_config
 from nmt.distill import DistillOptions, distill
 from nmt.distill import steps as distill_steps
 from nmt.distill.filters import FilterSettings, bad_ratio, filter_pairs, repeats
@@ -282,9 +284,6 @@ def test_mono_source_on_ctranslate2_int8_keeps_the_teachers_best(setup, tmp_path
     """--mono with --select top1, the teacher in CTranslate2 int8: the log and the marker name the engine,
     every monolingual line gets an n-best list, and the teacher's best is what the student learns."""
     pytest.importorskip("ctranslate2")
-    from io import StringIO
-
-    from rich.console import Console
 
     from nmt.config import Engine, Precision
 
@@ -336,3 +335,49 @@ def test_mono_source_on_ctranslate2_int8_keeps_the_teachers_best(setup, tmp_path
     )
     assert len(kept) == filtered["kept"]
     assert set(kept) <= set(zip(mono.read_text().splitlines(), [s["hyp"] for s in selected], strict=True))
+
+
+# ---- --init teacher: shrink and fine-tune -----------------------------------------------------------------
+
+QUIET = Console(file=StringIO())
+
+
+def test_a_student_stack_takes_the_teachers_layers_spread_evenly():
+    from nmt.distill.shrink import picks
+
+    assert picks(3, 1) == [0] and picks(3, 3) == [0, 1, 2] and picks(12, 2) == [0, 11]
+    assert picks(6, 3) == [0, 2, 5] and picks(6, 4) == [0, 2, 3, 5]
+
+
+def test_init_teacher_writes_the_students_first_weights_from_the_teachers(setup, tmp_path):
+    """The init step on the reversal teacher (2+2 layers): a 2+1 student of its width gets its embeddings,
+    both encoder layers and the first decoder layer, bit for bit; training then starts from that file."""
+    cfg, opts, mirror = setup
+    teacher = torch.load(opts.teacher, weights_only=True)
+    width = {k: teacher["config"]["model"][k] for k in ("d_model", "d_ff", "heads", "norm", "output_bias")}
+    model = dict(teacher["config"]["model"], **width, encoder_layers=2, decoder_layers=1)
+    cfg = config_from_dict({**config_to_dict(cfg), "model": model})
+    opts = DistillOptions(teacher=opts.teacher, init="teacher")
+    run = distill_steps.Run(
+        distill_steps.student_config(cfg, opts.teacher), opts, tmp_path / "w", mirror, QUIET
+    )
+    assert run.init() == {"encoder": [0, 1], "decoder": [0]}
+    student = torch.load(run.init_path, weights_only=True)["model"]
+    tmodel = teacher["model"]
+    assert student.keys() == {k for k in tmodel if not k.startswith("decoder.1.")}
+    assert all(torch.equal(v, tmodel[k]) for k, v in student.items())
+
+
+def test_init_teacher_refuses_a_student_of_another_width_in_one_line(setup, tmp_path):
+    cfg, opts, mirror = setup  # the setup's student: d_model 32, the teacher's 64
+    opts = DistillOptions(teacher=opts.teacher, init="teacher")
+    run = distill_steps.Run(
+        distill_steps.student_config(cfg, opts.teacher), opts, tmp_path / "w", mirror, QUIET
+    )
+    with pytest.raises(
+        ConfigError, match=r"^--init teacher: the student's model.d_model 32 is not the teacher's 64"
+    ):
+        run.init()
+    assert not run.init_path.exists()
+    with pytest.raises(ConfigError, match=r"--init sideways: expected one of scratch, teacher"):
+        distill_steps.check_options(DistillOptions(teacher=opts.teacher, init="sideways"))

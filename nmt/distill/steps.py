@@ -8,6 +8,8 @@
     filter    drop empty, badly sized, repeating and the worst-scoring pairs (data/clean/train.*)
     data      the student's data under the teacher's SentencePiece model, validation on the original
               references (data/, as `nmt preprocess` lays it out)
+    init      with --init teacher only: the student's first weights shrunk from the teacher's
+              (distill/student-init.pt, nmt.distill.shrink), from which training starts
     train     `nmt train` of the student recipe (checkpoints/; it resumes itself from last.pt)
     average   the last checkpoints into checkpoints/average.pt
     compare   teacher against student on the test sets, per engine and precision (results.md, .json)
@@ -43,6 +45,7 @@ from nmt.score import read_lines
 
 STEPS = ("text", "teacher", "select", "filter", "data", "train", "average", "compare")
 SELECT = ("chrf", "top1")
+INIT = ("scratch", "teacher")
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,7 @@ class DistillOptions:
     chunk_lines: int = 2000  # lines the teacher translates between two saved chunks
     filters: FilterSettings = FilterSettings()
     compare: bool = True  # the last step: teacher against student on the test sets
+    init: str = "scratch"  # teacher: the student starts from the teacher's layers (nmt.distill.shrink)
 
 
 def check_options(opts: DistillOptions) -> None:
@@ -65,6 +69,8 @@ def check_options(opts: DistillOptions) -> None:
         raise ConfigError(f"--teacher {opts.teacher}: no such checkpoint")
     if opts.select not in SELECT:
         raise ConfigError(f"--select {opts.select}: expected one of {', '.join(SELECT)}")
+    if opts.init not in INIT:
+        raise ConfigError(f"--init {opts.init}: expected one of {', '.join(INIT)}")
     if opts.mono is not None and opts.select == "chrf":
         raise ConfigError("--select chrf needs references, and --mono text has none: use --select top1")
     if opts.mono is not None and not opts.mono.is_file():
@@ -113,9 +119,13 @@ def distill(
     run.step("select", run.select)
     run.step("filter", run.filter)
     run.step("data", run.data)
+    train_cfg = cfg
+    if opts.init == "teacher":
+        run.step("init", run.init)
+        train_cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, init_from=str(run.init_path)))
     console.rule("[bold]train")
     start = time.perf_counter()
-    train(cfg, workdir, console=console)
+    train(train_cfg, workdir, console=console)
     run.times["train"] = time.perf_counter() - start
     console.rule("[bold]average")
     start = time.perf_counter()
@@ -138,6 +148,7 @@ class Run:
         self.cfg, self.opts, self.workdir, self.mirror, self.console = cfg, opts, workdir, mirror, console
         self.source = workdir / "source"
         self.dir = workdir / "distill"
+        self.init_path = self.dir / "student-init.pt"
         self.times: dict[str, float] = {}
         self.src_lang, self.tgt_lang = cfg.data.src_lang, cfg.data.tgt_lang
 
@@ -332,6 +343,33 @@ class Run:
             highlight=False,
         )
         return {"pairs": len(srcs), "removed": removed, "kept": len(kept)}
+
+    def init(self) -> dict:
+        """distill/student-init.pt: the student's first weights, from the teacher's (--init teacher)."""
+        from nmt.checkpoint import load_checkpoint, save_checkpoint
+        from nmt.distill.shrink import picks, shrink
+        from nmt.model import Transformer
+
+        ckpt = load_checkpoint(self.opts.teacher)
+        t, s = ckpt.config.model, self.cfg.model
+        student = Transformer(s, ckpt.vocab_size)
+        student.load_state_dict(shrink(t, ckpt.model_state, s, student.state_dict().keys()))
+        save_checkpoint(
+            self.init_path,
+            model_state=student.state_dict(),
+            config=self.cfg,
+            subword_proto=ckpt.subword_proto,
+            vocab_size=ckpt.vocab_size,
+        )
+        layers = {
+            k: picks(getattr(t, f"{k}_layers"), getattr(s, f"{k}_layers")) for k in ("encoder", "decoder")
+        }
+        self.console.print(
+            f"init: the student starts from the teacher's embeddings, its encoder layers "
+            f"{layers['encoder']} and decoder layers {layers['decoder']} (counted from 0)",
+            highlight=False,
+        )
+        return layers
 
     def data(self) -> dict:
         """data/ as `nmt preprocess` writes it, with the teacher's subwords and the filtered pairs."""
