@@ -5,10 +5,12 @@ Imported as `common` (benchmarks/ is on sys.path): benchmarks/README.md.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import math
 import platform
 import random
+import re
 import resource
 import shlex
 import sys
@@ -99,8 +101,7 @@ def make_words(n: int, seed: int) -> list[str]:
     """n distinct made-up English-like words, in rank order: frequent words are short."""
     onsets, nuclei, codas, suffixes = SPELLING
     rng = random.Random(seed)
-    words: list[str] = []
-    seen: set[str] = set()
+    words: dict[str, None] = {}  # in insertion order, without repeats
     while len(words) < n:
         # syllables grow with the rank, as frequent words are short (Zipf's law of abbreviation)
         rank = len(words)
@@ -114,10 +115,9 @@ def make_words(n: int, seed: int) -> list[str]:
         )
         if rank > 1000:
             word += suffixes[pick[-1] % len(suffixes)]
-        if word and word not in seen:
-            seen.add(word)
-            words.append(word)
-    return words
+        if word:
+            words.setdefault(word)
+    return list(words)
 
 
 class SyntheticText:
@@ -182,21 +182,9 @@ def random_model(workdir: Path, recipe: str = "multi30k-en-de", overrides: Seque
 def max_rss() -> int:
     """This process's resident-set high-water mark, bytes: VmHWM where there is /proc, as ru_maxrss
     survives exec (a worker would report its parent's size; benchmarks/README.md)."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024  # kB
-    except OSError:
-        pass
+    with contextlib.suppress(OSError, TypeError), open("/proc/self/status", encoding="ascii") as f:
+        return int(re.search(r"^VmHWM:\s+(\d+) kB", f.read(), re.M)[1]) * 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-
-
-def peak_memory(device: torch.device) -> int:
-    """Bytes: allocated GPU memory high-water mark, or the process's resident-set high-water mark."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device)
-    return max_rss()
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -207,12 +195,8 @@ def machine_name(device: str) -> str:
     """The GPU's name, or the CPU's model name from /proc/cpuinfo."""
     if device.startswith("cuda"):
         return torch.cuda.get_device_name(torch.device(device))
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    with contextlib.suppress(OSError, TypeError):
+        return re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)[1].strip()
     return platform.processor() or platform.machine()
 
 

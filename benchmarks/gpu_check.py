@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     write_report(out, report)
     # SIGTERM (a scheduler's time limit) unwinds like Ctrl-C: the running stage's processes are killed
     # and the report says where the run stopped.
-    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         run_stages(names, out, args, env, report)
     except KeyboardInterrupt:
@@ -116,10 +116,6 @@ def main(argv: list[str] | None = None) -> int:
     write_report(out, report)
     print(f"\n{(out / 'report.md').read_text()}\nreport: {out / 'report.md'}, {out / 'report.json'}")
     return 0
-
-
-def interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
 
 
 def run_stages(names: list[str], out: Path, args: argparse.Namespace, env: dict, report: dict) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import common  # benchmarks/common.py: these scripts run with benchmarks/ on sys.path
 import torch
-from common import GIB, MULTI30K_LENGTHS, RESULTS, WMT_LENGTHS, LengthModel, SyntheticPairs, peak_memory
+from common import GIB, MULTI30K_LENGTHS, RESULTS, WMT_LENGTHS, LengthModel, SyntheticPairs, max_rss
 from torch import Tensor
 
 from nmt.config import Config, ModelConfig, load_config
@@ -171,7 +171,7 @@ def measure(cfg: Config, data, args: argparse.Namespace) -> dict:
         timed.append(Window(seconds, size, *(sum(f[i] for f in figs) for i in (0, 1, 3))))
         padded += sum(f[2] for f in figs)
         real += sum(f[0] + f[1] for f in figs)
-    memory = peak_memory(rt.device)
+    memory = torch.cuda.max_memory_allocated(rt.device) if rt.device.type == "cuda" else max_rss()
     del prepared
 
     e2e = data_wait = None

@@ -178,23 +178,14 @@ HEADER += ["BLEU", "chrF"]  # with --refs
 
 
 def record_entry(results: list[Result], about: dict) -> str:
-    return "\n".join(
-        [
-            f"### {common.now()}: {about['model']}, {about['device']}",
-            "",
-            f"- machine: {about['machine']}, threads: {about['threads']}; torch {about['torch']}, "
-            f"ctranslate2 {about['ctranslate2']}",
-            f"- command: `{about['command']}`",
-            f"- model: {about['model_detail']}",
-            f"- input: {about['input']}",
-            f"- decoding: {about['decoding']}",
-            f"- {about['repeats']} repetitions, round-robin; latency: {about['latency_lines']} sentences "
-            "one at a time; speed-up and latency are medians",
-            "",
-            *common.markdown_table(HEADER, table_rows(results)),
-            "",
-        ]
-    )
+    lines = [f"### {common.now()}: {about['model']}, {about['device']}", ""]
+    lines.append(f"- machine: {about['machine']}, threads: {about['threads']}; torch {about['torch']}, "
+                 f"ctranslate2 {about['ctranslate2']}")  # fmt: skip
+    lines += [f"- command: `{about['command']}`", f"- model: {about['model_detail']}"]
+    lines += [f"- input: {about['input']}", f"- decoding: {about['decoding']}"]
+    lines.append(f"- {about['repeats']} repetitions, round-robin; latency: {about['latency_lines']} lines "
+                 "one at a time; speed-up and latency are medians")  # fmt: skip
+    return "\n".join([*lines, "", *common.markdown_table(HEADER, table_rows(results)), ""])
 
 
 def tree_memory(pid: int) -> list[int]:
@@ -302,21 +293,16 @@ def terminology(args: argparse.Namespace, argv: list[str] | None) -> None:
     base, out = run({}), run(constraints(terms))
     rows, keep = sorted(terms), [i for i in range(len(src)) if i not in terms]
 
+    def used(i: int, hyp: str) -> tuple[int, int]:
+        """(times line i's target word appears in hyp, times its source term matched): as written, ending a
+        word (its start may be glued), or capitalised as the line's first word."""
+        b = terms[i][1]
+        got = len(re.findall(rf"{re.escape(b)}(?!\w)", hyp))
+        got += b != (cap := b[:1].upper() + b[1:]) and bool(re.match(rf"{re.escape(cap)}(?!\w)", hyp))
+        return got, len(Glossary([entry(*terms[i], "")]).matches(src[i]))
+
     def uses(hyps: list[str]) -> list[tuple[int, int]]:
-        """(times the target word appears, times its source term matched) per line with a term."""
-        return [
-            (
-                # as written, ending a word (its start may be glued: the term's form without the word-start
-                # marker), or capitalised as the line's first word
-                len(re.findall(rf"{re.escape(terms[i][1])}(?!\w)", hyps[i]))
-                + (
-                    terms[i][1] != (cap := terms[i][1][:1].upper() + terms[i][1][1:])
-                    and bool(re.match(rf"{re.escape(cap)}(?!\w)", hyps[i]))
-                ),
-                len(Glossary([entry(*terms[i], "")]).matches(src[i])),
-            )
-            for i in rows
-        ]
+        return [used(i, hyps[i]) for i in rows]
 
     counts, before = uses(out), uses(base)
 
@@ -457,21 +443,14 @@ def main(argv: list[str] | None = None) -> list[Result]:
                     continue
                 results += measure(job, engines, args.repeats, refs)
 
-    about = {
-        "model": ", ".join(map(str, checkpoints)) if not random_weights else f"random weights, {args.recipe}",
-        "model_detail": "; ".join(details),
-        "device": args.device,
-        "machine": common.machine_name(args.device),
-        "threads": args.threads,
-        "torch": torch.__version__,
-        "ctranslate2": importlib.import_module("ctranslate2").__version__ if ct2 else "not installed",
-        "command": common.command_line(__file__, argv),
-        "input": input_about,
-        "decoding": f"beam {' and '.join(map(str, beams))}, lenpen {decode.lenpen}, max length "
-        f"{a:g} x |x| + {b}, batch budget {decode.batch_tokens} (sentences x beam x max(source, output))",
-        "repeats": args.repeats,
-        "latency_lines": len(latency_lines),
-    }
+    ct2_version = importlib.import_module("ctranslate2").__version__ if ct2 else "not installed"
+    model = ", ".join(map(str, checkpoints)) if not random_weights else f"random weights, {args.recipe}"
+    decoding = f"beam {' and '.join(map(str, beams))}, lenpen {decode.lenpen}, max length {a:g} x |x| + {b}"
+    about = dict(model=model, model_detail="; ".join(details), device=args.device, threads=args.threads,
+                 machine=common.machine_name(args.device), torch=torch.__version__, ctranslate2=ct2_version,
+                 input=input_about, command=common.command_line(__file__, argv), repeats=args.repeats,
+                 latency_lines=len(latency_lines), decoding=f"{decoding}, batch budget {decode.batch_tokens} "
+                 "(sentences x beam x max(source, output))")  # fmt: skip
     if args.record:
         common.record(record_entry(results, about), SECTION, args.results)
         console.print(f"recorded in {args.results}")
