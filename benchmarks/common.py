@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import math
+import os
 import platform
 import random
 import re
@@ -26,7 +27,8 @@ from nmt.config import load_config
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 MIB, GIB = 1 << 20, 1 << 30
-CPU_FLAGS = {"avx2", "avx512f", "avx512_bf16", "amx_tile"}  # named beside every CPU figure
+CPU_FLAGS = {"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile"}  # named beside every CPU figure
+ISA_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "CT2_FORCE_CPU_ISA")  # kernels forced to an older ISA
 
 # ---------------------------------------------------------------------------------------------------------
 # Synthetic lengths and text
@@ -192,12 +194,15 @@ def max_rss() -> int:
 
 
 def machine_name(device: str) -> str:
-    """The GPU's name, or the CPU's model name from /proc/cpuinfo."""
+    """The GPU's name, or the CPU's model name with the flags that pick kernels (CPU_FLAGS) and any
+    instruction set forced through the environment (`ATEN_CPU_CAPABILITY=avx2`, ...)."""
     if device.startswith("cuda"):
         return torch.cuda.get_device_name(torch.device(device))
-    with contextlib.suppress(OSError, TypeError):
-        return re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)[1].strip()
-    return platform.processor() or platform.machine()
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    name = re.search(r"^model name\s*:\s*(.+)$", info, re.M)
+    forced = [f"{k}={os.environ[k]}" for k in ISA_ENV if k in os.environ]
+    features = " ".join(sorted(set(info.split()) & CPU_FLAGS) + forced)
+    return f"{name[1].strip() if name else platform.processor() or platform.machine()} ({features})"
 
 
 def now() -> str:

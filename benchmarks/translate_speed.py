@@ -331,8 +331,7 @@ def terminology(args: argparse.Namespace, argv: list[str] | None) -> None:
             times.append(time.perf_counter() - start)
         speed.append((f"{share:.0%} ({len(cons)} lines)", len(src) / statistics.median(times)))
     speed = [(name, f"{rate:.1f}", f"{rate / speed[0][1]:.2f}x") for name, rate in speed]
-    flags = " ".join(sorted(set(Path("/proc/cpuinfo").read_text().split()) & common.CPU_FLAGS))
-    head = f"{common.now()}, {common.machine_name('cpu')} ({flags}), {args.threads} threads"
+    head = f"{common.now()}, {common.machine_name('cpu')}, {args.threads} threads"
     text = "\n".join(
         [
             f"### {head}, load {os.getloadavg()[0]:.2f}",
