@@ -1,6 +1,6 @@
 """Hostile inputs, generated: any recipe text or --set override, any damage to a checkpoint file, any
-config.json value and any weight in a MarianMT or Pegasus folder gives a result or nmt's own error (NmtError),
-never another exception. Example counts are bounded (the `nmt` profile in tests/conftest.py)."""
+shortlist inside one, any config.json value and any weight in a MarianMT or Pegasus folder gives a result
+or nmt's own error (NmtError), never another exception. Example counts are bounded (the `nmt` profile in tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import torch
 hypothesis = pytest.importorskip(
     "hypothesis", reason="hypothesis generates the inputs: pip install -e '.[dev]'"
 )
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import HealthCheck, event, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from nmt.checkpoint import load_checkpoint  # noqa: E402
@@ -134,6 +134,73 @@ def test_any_damaged_checkpoint_loads_or_is_a_checkpoint_error(base, tmp_path, d
     path = tmp_path / "damaged.pt"
     path.write_bytes(bytes(raw[:cut]))
     either_result_or_nmt_error(lambda: load_checkpoint(path))
+
+
+# ---- a shortlist inside a checkpoint ------------------------------------------------------------------
+
+ID_DTYPES = [torch.int32, torch.int64, torch.int16, torch.uint8, torch.float32, torch.bool]
+
+
+@st.composite
+def id_tensors(draw, vocab: int, dims: int) -> torch.Tensor:
+    """A tensor a shortlist might hold: ids in and just outside the vocabulary, of any dtype and of a rank
+    near `dims`, empty ones included."""
+    shape = draw(st.lists(st.integers(0, 5), min_size=max(dims - 1, 0), max_size=dims + 1))
+    n = math.prod(shape)
+    ids = draw(st.lists(st.integers(-2, vocab + 1), min_size=n, max_size=n))
+    return torch.tensor(ids, dtype=torch.int64).reshape(shape).to(draw(st.sampled_from(ID_DTYPES)))
+
+
+@st.composite
+def valid_table(draw, vocab: int, bad: bool = False) -> torch.Tensor:
+    """(vocab, K) int32 ids in the vocabulary, K in 0..4; `bad`: one id just outside it, where K > 0."""
+    seed, k = draw(st.integers(0, 2**16)), draw(st.integers(0, 4))
+    table = torch.randint(0, vocab, (vocab, k), generator=torch.Generator().manual_seed(seed)).int()
+    if bad and k:
+        table[draw(st.integers(0, vocab - 1)), draw(st.integers(0, k - 1))] = draw(
+            st.sampled_from([-1, vocab])
+        )
+    return table
+
+
+@settings(suppress_health_check=FIXTURES, max_examples=30)
+@given(data=st.data())
+def test_any_shortlist_translates_or_is_one_error(base, tmp_path, data):
+    """A checkpoint's shortlist entry of any type, rank, dtype and ids: `nmt translate --shortlist` either
+    translates over it or stops with one line and status 2 (a tensor that passes the checkpoint's checks
+    must decode: empty sets, a table without columns)."""
+    from typer.testing import CliRunner
+
+    from nmt.cli import app
+
+    payload = torch.load(base["model"], weights_only=True)
+    vocab = payload["vocab_size"]
+
+    def frequent(low: int, high: int):
+        return st.lists(st.integers(low, high), max_size=6).map(lambda v: torch.tensor(v, dtype=torch.int64))
+
+    # valid more often than not (one_of would pick among all of SCALARS' branches), so both outcomes occur
+    pick = lambda good, bad: data.draw(good if data.draw(st.integers(0, 4)) else bad)  # noqa: E731
+    outside = st.tuples(frequent(0, vocab - 1), st.sampled_from([-2, -1, vocab, vocab + 1]))
+    outside = outside.map(lambda t: torch.cat([t[0], torch.tensor([t[1]])]))
+    bad = {1: outside, 2: valid_table(vocab, bad=True)}  # the right shape, an id outside the vocabulary
+    hostile = lambda dims: bad[dims] if data.draw(st.booleans()) else id_tensors(vocab, dims) | SCALARS  # noqa: E731
+    entry = {
+        "frequent": pick(frequent(0, vocab - 1), hostile(1)),
+        "table": pick(valid_table(vocab), hostile(2)),
+    }
+    payload["shortlist"] = pick(st.just(entry), SCALARS | st.just({"table": entry["table"]}))
+    path = tmp_path / "shortlisted.pt"
+    torch.save(payload, path)
+    (tmp_path / "in.txt").write_text("a b c\n\nd e\n")
+    args = ["translate", "-m", str(path), "-i", str(tmp_path / "in.txt"), "--shortlist", "--workers", "1"]
+    result = CliRunner().invoke(app, args)
+    event(f"exit status {result.exit_code}")  # --hypothesis-show-statistics: both outcomes occur
+    if result.exit_code == 0:
+        assert result.stdout.count("\n") == 3, result.stdout
+    else:
+        assert result.exit_code == 2, (result.output, result.exception)
+        assert result.output.startswith("error: ") and result.output.strip().count("\n") == 0, result.output
 
 
 # ---- a MarianMT or Pegasus folder -------------------------------------------------------------------
