@@ -1,6 +1,7 @@
 """Hostile inputs, generated: any recipe text or --set override, any damage to a checkpoint file, any
 shortlist inside one, any config.json value and any weight in a MarianMT or Pegasus folder gives a result
-or nmt's own error (NmtError), never another exception. Example counts are bounded (the `nmt` profile in tests/conftest.py)."""
+or nmt's own error (NmtError), never another exception. Example counts are bounded (the `nmt` profile in
+tests/conftest.py)."""
 
 from __future__ import annotations
 
