@@ -357,6 +357,7 @@ def test_the_compiled_training_step_equals_eager(device, precision, monkeypatch)
 # Checkpoints and resume
 
 
+@pytest.mark.slow  # trains on the device, then translates on both
 @DEVICES
 def test_a_checkpoint_trained_on_the_device_translates_the_same_on_the_cpu(device, reversal, tmp_path):
     """`nmt train` on the device (bf16 autocast where the GPU has it, the recipe default), then the

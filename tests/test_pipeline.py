@@ -37,6 +37,7 @@ def run(workdir, mirror):
     return CliRunner().invoke(app, args)
 
 
+@pytest.mark.slow  # the whole pipeline twice
 def test_nmt_run_writes_results_and_resumes(tmp_path, multi30k_mirror, monkeypatch):
     monkeypatch.setenv("NMT_CACHE", str(tmp_path / "cache"))
     workdir = tmp_path / "run"

@@ -379,6 +379,7 @@ def test_the_page_shows_the_pair_and_settings(server):
     assert "checkpoints" not in page and "/tmp" not in page
 
 
+@pytest.mark.slow  # a 10,000-line request beside it
 def test_a_one_line_request_beside_a_10000_line_one_is_answered_within_a_few_seconds(served):
     s = Server(*served, "--max-chars", "40000")  # the default budget
     try:
