@@ -186,7 +186,9 @@ def write_commands(model: Path, marian: Path, folder: Path) -> dict[str, list]:
     }
 
 
-@pytest.mark.parametrize("command", ["translate", "average", "import", "export hf"])
+@pytest.mark.parametrize(
+    "command", [pytest.param("translate", marks=pytest.mark.slow), "average", "import", "export hf"]
+)
 def test_a_full_disk_is_one_line_naming_the_file(model, marian, tmp_path, command):
     with tmpfs(tmp_path / "small", "size=64k") as small:
         args = write_commands(model, marian, small)[command]

@@ -466,6 +466,7 @@ def test_sigterm_answers_in_flight_and_exits_0_whatever_the_clients_do(synthetic
             s.proc.kill()
 
 
+@pytest.mark.slow  # a long request, then the signal's grace period
 def test_sigterm_during_a_long_request_answers_503_in_json_and_exits_0_in_time(served):
     """A request the model cannot finish within --shutdown-timeout gets a JSON 503 in time, and the process
     exits 0: it got a plain-text 500 and the process died by SIGABRT (the worker thread was inside a torch
