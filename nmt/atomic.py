@@ -109,6 +109,38 @@ def refuse_inputs(output: Path | str | None, inputs: Iterable[Path | str | None]
                 )
 
 
+# What a run writes below its work directory (nmt preprocess, train, run, distill): an input that lies
+# in any of these would be replaced or deleted by the run.
+WORKDIR_OUTPUTS = (
+    "data",
+    "checkpoints",
+    "source",
+    "distill",
+    "export",
+    "translations",
+    "tensorboard",
+    "results.md",
+    "results.json",
+    "metrics.jsonl",
+    "train.log",
+)
+
+
+def refuse_overlaps(
+    outputs: Iterable[tuple[str, Path | str | None]], inputs: Iterable[Path | str | None]
+) -> None:
+    """The one declaration each command makes of what it writes and what it reads, before any work:
+    every output (`(option, path)`) against every input, as `refuse_inputs` compares them."""
+    inputs = list(inputs)
+    for option, output in outputs:
+        refuse_inputs(output, inputs, option)
+
+
+def workdir_outputs(workdir: Path | str) -> list[tuple[str, Path]]:
+    """A work directory's outputs (WORKDIR_OUTPUTS) for refuse_overlaps, named by --workdir."""
+    return [("--workdir", Path(workdir) / name) for name in WORKDIR_OUTPUTS]
+
+
 def _stat(path: Path | str) -> os.stat_result | None:
     try:
         if path == STDIN:

@@ -231,18 +231,22 @@ def last_checkpoints(directory: Path, n: int) -> list[Path]:
     return found[-n:]
 
 
-def average_checkpoints(paths: list[Path], output: Path) -> None:
+def average_checkpoints(paths: list[Path], output: Path, shortlist: bool = True) -> str | None:
     """Element-wise mean of the weights (paper, 6.1); config and subwords from the last file.
 
     Only checkpoints of one model are averaged: the same model config, the same SentencePiece model
     and the same weight names, shapes and types (each file's own checks, on loading, rule out damage
-    and non-finite weights); anything else is a CheckpointError naming the file.
+    and non-finite weights); anything else is a CheckpointError naming the file. A shortlist (nmt
+    shortlist) that every input carries alike is kept (unless `shortlist` is False); where the inputs
+    differ in theirs, none is written and the returned note says so, never in silence.
     """
     refuse_inputs(output, paths)  # before the work: `-o b.pt` would replace an input
     total: dict[str, Tensor] | None = None
     first = last = None
+    lists: list[dict[str, Tensor] | None] = []
     for path in paths:
         last = load_checkpoint(path)
+        lists.append(last.shortlist)
         if first is None:
             first = last
             total = {
@@ -258,13 +262,40 @@ def average_checkpoints(paths: list[Path], output: Path) -> None:
         k: (v / len(paths)).to(last.model_state[k].dtype) if v.is_floating_point() else v
         for k, v in total.items()
     }
+    kept, note = shared_shortlist(paths, lists) if shortlist else (None, None)
+    if not shortlist and any(x is not None for x in lists):
+        note = "left out the shortlist of the inputs (--no-shortlist)"
     save_checkpoint(
         output,
         model_state=averaged,
         config=last.config,
         subword_proto=last.subword_proto,
         vocab_size=last.vocab_size,
+        shortlist=kept,
     )
+    return note
+
+
+def shared_shortlist(
+    paths: list[Path], lists: list[dict[str, Tensor] | None]
+) -> tuple[dict[str, Tensor] | None, str | None]:
+    """The shortlist all of `lists` hold alike (and no note), or None and a note naming the first input
+    that differs; (None, None) when none holds one."""
+    if all(x is None for x in lists):
+        return None, None
+    first = lists[0]
+    for path, other in zip(paths, lists, strict=True):
+        same = (
+            first is not None
+            and other is not None
+            and first.keys() == other.keys()
+            and all(torch.equal(first[k], other[k]) for k in first)
+        )
+        if not same:
+            why = "carries none" if other is None or first is None else "carries another"
+            culprit = path if other is None or first is not None else paths[0]
+            return None, f"dropped the shortlist: {culprit} {why}; run nmt shortlist on the average"
+    return first, None
 
 
 def same_as(path: Path, ckpt: Checkpoint, first_path: Path, first: Checkpoint) -> None:

@@ -239,14 +239,15 @@ def _overrides(overrides: list[str] | None, init_from: Path | None) -> list[str]
     return [*(overrides or []), *extra]
 
 
-def _workdir(recipe: str, workdir: Path | None) -> Path:
-    from nmt.atomic import refuse_inputs
+def _workdir(recipe: str, workdir: Path | None, *inputs: Path | None) -> Path:
+    """The work directory of a command that writes one, after the one check of its outputs against
+    its inputs: the recipe and the files given as `inputs` (a checkpoint to start from, a teacher)."""
+    from nmt.atomic import refuse_overlaps, workdir_outputs
     from nmt.config import resolve_recipe
 
     path = resolve_recipe(recipe)
     workdir = workdir if workdir is not None else Path("runs") / path.stem
-    for written in ("data", "checkpoints"):  # the folders a run writes into: the recipe is not theirs
-        refuse_inputs(workdir / written, [path], "--workdir")
+    refuse_overlaps(workdir_outputs(workdir), [path, *inputs])
     return workdir
 
 
@@ -311,7 +312,7 @@ def train(
     if dry_run:
         run_dry_run(cfg, console=err)
         return
-    run_train(cfg, _workdir(recipe, workdir), console=err)
+    run_train(cfg, _workdir(recipe, workdir, cfg.data.init_from), console=err)
 
 
 @app.command(cls=Command)
@@ -331,6 +332,13 @@ def average(
     directory: Annotated[
         Path | None, typer.Option("--dir", help="Checkpoint folder for --last, e.g. runs/NAME/checkpoints.")
     ] = None,
+    shortlist: Annotated[
+        bool,
+        typer.Option(
+            help="Keep the lexical shortlist the inputs carry alike (nmt shortlist); where they differ, "
+            "none is kept and a line says so."
+        ),
+    ] = True,
 ) -> None:
     """Average the weights of several checkpoints into one (paper: last 5 for base, 20 for big).
 
@@ -346,7 +354,9 @@ def average(
         checkpoints = last_checkpoints(directory, last)
     if not checkpoints:
         raise NmtError("no checkpoints given: name files, or use --last N --dir FOLDER")
-    average_checkpoints(checkpoints, output)
+    note = average_checkpoints(checkpoints, output, shortlist)
+    if note:
+        err.print(f"[yellow]warning:[/] {note}", highlight=False)
     err.print(f"averaged {len(checkpoints)} checkpoints into {output}")
 
 
@@ -771,7 +781,7 @@ def run(
     from nmt.pipeline import run_pipeline
 
     cfg = load_config(recipe, _overrides(overrides, init_from), checkpoint_config)
-    run_pipeline(cfg, _workdir(recipe, workdir), mirror=mirror, console=err)
+    run_pipeline(cfg, _workdir(recipe, workdir, cfg.data.init_from), mirror=mirror, console=err)
 
 
 @app.command(cls=Command)
@@ -849,7 +859,7 @@ def distill(
         filters=FilterSettings(max_ratio=max_ratio, worst_percent=drop_worst),
         init=init,
     )
-    run_distill(cfg, opts, _workdir(recipe, workdir), mirror=mirror, console=err)
+    run_distill(cfg, opts, _workdir(recipe, workdir, teacher, mono), mirror=mirror, console=err)
 
 
 def main() -> None:

@@ -279,8 +279,7 @@ def build_shortlist(
 ) -> Shortlist:
     """The `frequent` most frequent target ids and, per source id, the `per_source` likeliest target ids
     under IBM Model 1's t(f | e); ties go to the lower id."""
-    if frequent < 0 or per_source < 1 or iterations < 1:
-        raise NmtError("--frequent must be 0 or more, --per-source and --iterations 1 or more")
+    check_sizes(frequent, per_source, iterations)
     counts = torch.zeros(vocab, dtype=torch.long)
     for _, tgt in pairs:
         counts.index_add_(0, tgt, torch.ones_like(tgt))
@@ -298,24 +297,42 @@ def build_shortlist(
     e, f = e[order], f[order]
     group_start = torch.searchsorted(e, e)  # (U,) first position of each one's e
     rank = torch.arange(len(e)) - group_start
+    # no wider than the most candidates any source piece has: a larger --per-source means all of them
+    per_source = min(per_source, int(rank.max()) + 1 if len(rank) else 1)
     best = rank < per_source
     table = torch.full((vocab, per_source), PAD, dtype=torch.long)
     table[e[best], rank[best]] = f[best]
     return Shortlist(frequent_ids, table)
 
 
+# IBM Model 1's EM converges in a handful of iterations; more only spends time.
+MAX_ITERATIONS = 100
+
+
+def data_prefix(data: Path) -> Path:
+    """The prefix of the binarized training split `--data` names: a work directory, its data/ folder,
+    or the split's prefix itself."""
+    data = Path(data)
+    candidates = [data / "data" / "train", data / "train", data]
+    prefix = next((p for p in candidates if Path(f"{p}.src.idx").is_file()), None)
+    if prefix is None:
+        raise DataError(f"{data}: no binarized training data (data/train.src.idx); run nmt preprocess")
+    return prefix
+
+
+def split_files(prefix: Path) -> list[Path]:
+    """The files of a binarized split and the SentencePiece model beside it: what --data reads."""
+    files = [Path(f"{prefix}.{side}.{ext}") for side in ("src", "tgt") for ext in ("idx", "bin")]
+    return [*files, prefix.parent / "spm.model"]
+
+
 def training_pairs(data: Path | None = None, src: Path | None = None, tgt: Path | None = None, subword=None):
-    """The training pairs as id tensors: a binarized split (a work directory, its data/ folder, or a
-    split's prefix) or two text files encoded with `subword`."""
+    """The training pairs as id tensors: a binarized split (data_prefix) or two text files encoded with
+    `subword`."""
     if data is not None:
         from nmt.data.binarized import ParallelData
 
-        data = Path(data)
-        candidates = [data / "data" / "train", data / "train", data]
-        prefix = next((p for p in candidates if Path(f"{p}.src.idx").is_file()), None)
-        if prefix is None:
-            raise DataError(f"{data}: no binarized training data (data/train.src.idx); run nmt preprocess")
-        split = ParallelData(prefix)
+        split = ParallelData(data_prefix(data))
         return [(split.src(i), split.tgt(i)) for i in range(len(split))]
     if src is None or tgt is None:
         raise NmtError("give the training data: --data WORKDIR, or --src FILE and --tgt FILE")
@@ -333,6 +350,37 @@ def training_pairs(data: Path | None = None, src: Path | None = None, tgt: Path 
     return [(torch.tensor(s), torch.tensor(t)) for s, t in zip(src_ids, tgt_ids, strict=True)]
 
 
+def check_sizes(frequent: int, per_source: int, iterations: int) -> None:
+    """The counts of `nmt shortlist`, checked before any work. The two sizes have no upper bound to
+    refuse: a set never holds more than the vocabulary, so larger counts mean all of it (build_shortlist
+    takes them as that, and allocates no more)."""
+    if frequent < 0:
+        raise NmtError(f"--frequent {frequent}: expected 0 or more")
+    if per_source < 1:
+        raise NmtError(f"--per-source {per_source}: expected 1 or more")
+    if not 1 <= iterations <= MAX_ITERATIONS:
+        raise NmtError(f"--iterations {iterations}: expected 1 to {MAX_ITERATIONS}")
+
+
+def check_data(data: Path, prefix: Path, proto: bytes, vocab: int, model: Path) -> None:
+    """Binarized pairs made with the model's own subwords: the SentencePiece model beside them is the
+    model's, and every id (over the whole split, not a sample) is below its vocabulary size."""
+    from nmt.data.binarized import ParallelData
+
+    spm = prefix.parent / "spm.model"
+    if spm.is_file() and spm.read_bytes() != proto:
+        raise DataError(
+            f"--data {data}: preprocessed with another SentencePiece model ({spm}) than {model}'s; "
+            f"give the training data of {model}, or --src/--tgt text"
+        )
+    split = ParallelData(prefix)
+    for side, ids in (("source", split.src_ids), ("target", split.tgt_ids)):
+        # in blocks: uint16 has no max kernel, and a whole WMT split as int32 would be half a GiB
+        for start in range(0, ids.numel(), 1 << 24):
+            if int(ids[start : start + (1 << 24)].to(torch.int32).max()) >= vocab:
+                raise DataError(f"--data {data}: {side} ids beyond the {vocab} subwords of {model}")
+
+
 def shortlist(
     model: Path,
     output: Path,
@@ -344,16 +392,20 @@ def shortlist(
     iterations: int = ITERATIONS,
 ) -> Shortlist:
     """`nmt shortlist`: build a shortlist from the training data and write `model` with it as `output`
-    (atomically; `output` may be `model`). Returns the shortlist."""
+    (atomically). `output` may be `model` itself, which it then replaces with the same weights, subwords
+    and training state and the new shortlist; it may be none of the training data's files."""
+    from nmt.atomic import refuse_overlaps
     from nmt.subword import Subword
 
+    check_sizes(frequent, per_source, iterations)
+    prefix = data_prefix(data) if data is not None else None
+    refuse_overlaps([("-o", output)], [src, tgt, *(split_files(prefix) if prefix is not None else [])])
     ckpt = load_checkpoint(Path(model))
+    if prefix is not None:
+        check_data(Path(data), prefix, ckpt.subword_proto, ckpt.vocab_size, model)
     pairs = training_pairs(data, src, tgt, Subword(ckpt.subword_proto))
     if not pairs:
         raise DataError("no training pairs to build a shortlist from")
-    for s, t in pairs[:1000]:
-        if (s.numel() and int(s.max()) >= ckpt.vocab_size) or (t.numel() and int(t.max()) >= ckpt.vocab_size):
-            raise DataError(f"the training data has ids beyond the {ckpt.vocab_size} subwords of {model}")
     built = build_shortlist(pairs, ckpt.vocab_size, frequent, per_source, iterations)
     save_checkpoint(
         Path(output),

@@ -28,10 +28,10 @@ def picks(teacher_layers: int, student_layers: int) -> list[int]:
     return [round(i * (teacher_layers - 1) / (student_layers - 1)) for i in range(student_layers)]
 
 
-def shrink(
-    teacher: ModelConfig, teacher_state: dict[str, Tensor], student: ModelConfig, student_keys
-) -> dict:
-    """The student's initial weights (its state dict's `student_keys`) from the teacher's state dict."""
+def check_shapes(teacher: ModelConfig, student: ModelConfig) -> dict[str, list[int]]:
+    """The teacher's layers each student stack takes; a ConfigError naming the key where the student
+    cannot start from the teacher (another width, a deeper stack). Cheap: `nmt distill` asks it before
+    the teacher translates anything."""
     for key in SAME:
         if getattr(teacher, key) != getattr(student, key):
             raise ConfigError(
@@ -46,6 +46,14 @@ def shrink(
                 f"--init teacher: the student's model.{stack}_layers {s} is more than the teacher's {t}"
             )
         layers[stack] = picks(t, s)
+    return layers
+
+
+def shrink(
+    teacher: ModelConfig, teacher_state: dict[str, Tensor], student: ModelConfig, student_keys
+) -> dict:
+    """The student's initial weights (its state dict's `student_keys`) from the teacher's state dict."""
+    layers = check_shapes(teacher, student)
     state = {}
     for key in student_keys:
         m = LAYER.match(key)

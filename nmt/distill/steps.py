@@ -86,15 +86,50 @@ def check_options(opts: DistillOptions) -> None:
         raise ConfigError(f"--drop-worst {f.worst_percent:g}: expected a percentage from 0 to under 100")
 
 
-def student_config(cfg: Config, teacher: Path) -> Config:
-    """The student recipe under the teacher's vocabulary: its SentencePiece model is the teacher's."""
+def student_config(cfg: Config, teacher: Path | dict) -> Config:
+    """The student recipe under the teacher's vocabulary: its SentencePiece model is the teacher's.
+    `teacher`: the checkpoint, or its config as checkpoint_config gives it."""
     if cfg.data.init_from is not None:
         raise ConfigError("data.init_from: a student starts from scratch; distill from --teacher instead")
-    data = checkpoint_config(teacher)["data"]
+    data = (teacher if isinstance(teacher, dict) else checkpoint_config(teacher))["data"]
     return dataclasses.replace(
         cfg,
         data=dataclasses.replace(cfg.data, vocab_size=data["vocab_size"], subword_type=data["subword_type"]),
     )
+
+
+def check_teacher(cfg: Config, opts: DistillOptions, teacher: dict) -> None:
+    """What would fail or mislead only after the teacher has translated the whole corpus, refused
+    before: a teacher of the other direction, and a student `--init teacher` cannot start from."""
+    data = teacher["data"]
+    if (data["src_lang"], data["tgt_lang"]) != (cfg.data.src_lang, cfg.data.tgt_lang):
+        raise ConfigError(
+            f"--teacher {opts.teacher}: translates {data['src_lang']}->{data['tgt_lang']}, the student "
+            f"recipe {cfg.data.src_lang}->{cfg.data.tgt_lang}"
+        )
+    if opts.init == "teacher":
+        from nmt.config import config_from_dict
+        from nmt.distill.shrink import check_shapes
+
+        check_shapes(config_from_dict(teacher).model, cfg.model)
+
+
+def check_mono(path: Path, console: Console) -> None:
+    """--mono: text to translate, read as UTF-8. Invalid bytes become U+FFFD, as every reader here does,
+    and a warning counts them; a file without one non-blank line is refused before any step runs."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise DataError(f"--mono {path}: cannot read: {e.strerror or e}") from None
+    text = data.decode("utf-8", errors="replace")
+    bad = text.count("\ufffd") - data.decode("utf-8", errors="ignore").count("\ufffd")
+    if bad:
+        console.print(
+            f"[yellow]warning:[/] --mono {path}: {bad:,} invalid UTF-8 sequence(s), each read as U+FFFD",
+            highlight=False,
+        )
+    if not text.strip():
+        raise DataError(f"--mono {path}: no text to translate (empty, or blank lines only)")
 
 
 def distill(
@@ -110,7 +145,11 @@ def distill(
 
     console = console or Console(stderr=True)
     check_options(opts)
-    cfg = student_config(cfg, opts.teacher)
+    teacher = checkpoint_config(opts.teacher)
+    cfg = student_config(cfg, teacher)
+    check_teacher(cfg, opts, teacher)
+    if opts.mono is not None:
+        check_mono(opts.mono, console)
     workdir = Path(workdir)
     run = Run(cfg, opts, workdir, mirror, console)
     run.check_settings()
@@ -213,14 +252,14 @@ class Run:
         for name in STEPS[:5]:
             marker = self.dir / ".done" / f"{name}.json"
             if marker.exists():
-                seconds[name] = json.loads(marker.read_text(encoding="utf-8"))["seconds"]
+                seconds[name] = read_marker(marker)["seconds"]
         for name in ("train", "average"):
             if name in self.times:
                 seconds[f"{name} (this run)"] = round(self.times[name], 1)
         return seconds
 
     def marker_info(self, name: str) -> dict:
-        return json.loads((self.dir / ".done" / f"{name}.json").read_text(encoding="utf-8"))["info"]
+        return read_marker(self.dir / ".done" / f"{name}.json")["info"]
 
     # -- the steps --------------------------------------------------------------------------------------
 
@@ -244,7 +283,7 @@ class Run:
         lines = read_lines(self.teacher_source())
         chunks = math.ceil(len(lines) / opts.chunk_lines)
         nbest_dir = self.dir / "nbest"
-        todo = [k for k in range(chunks) if not chunk_path(nbest_dir, k).exists()]
+        todo = [k for k in range(chunks) if not self.chunk_done(nbest_dir, k, len(lines))]
         model = opts.teacher
         if opts.teacher_engine is Engine.CTRANSLATE2:
             model = self.teacher_export()
@@ -289,6 +328,28 @@ class Run:
             "nbest": opts.nbest,
         }
 
+    def chunk_done(self, folder: Path, k: int, total: int) -> bool:
+        """Whether chunk `k` is there whole: one n-best list per line of its part. A chunk is written
+        atomically, so only damage from outside makes one unreadable: it is translated again, with a
+        warning, rather than trusted."""
+        path = chunk_path(folder, k)
+        if not path.exists():
+            return False
+        expected = min(self.opts.chunk_lines, total - k * self.opts.chunk_lines)
+        try:
+            found = read_nbest(path)
+        except DataError as e:
+            self.console.print(f"[yellow]warning:[/] {e}; translating it again", highlight=False)
+            return False
+        if len(found) != expected:
+            self.console.print(
+                f"[yellow]warning:[/] {path}: {len(found)} n-best lists for {expected} lines; "
+                "translating it again",
+                highlight=False,
+            )
+            return False
+        return True
+
     def teacher_export(self) -> Path:
         from nmt.distill.compare import exported
 
@@ -299,8 +360,7 @@ class Run:
         lines = read_lines(self.teacher_source())
         chunks = math.ceil(len(lines) / self.opts.chunk_lines)
         for k in range(chunks):
-            path = chunk_path(self.dir / "nbest", k)
-            nbest += [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+            nbest += read_nbest(chunk_path(self.dir / "nbest", k))
         if len(nbest) != len(lines):
             raise DataError(f"{self.dir / 'nbest'}: {len(nbest)} n-best lists for {len(lines)} source lines")
         if self.opts.select == "chrf":
@@ -328,9 +388,9 @@ class Run:
 
     def filter(self) -> dict:
         srcs = read_lines(self.teacher_source())
-        selected = [
-            json.loads(x) for x in (self.dir / "selected.jsonl").read_text(encoding="utf-8").splitlines()
-        ]
+        selected = read_jsonl(self.dir / "selected.jsonl", {"hyp": str, "score": (int, float)})
+        if len(selected) != len(srcs):
+            raise DataError(f"{self.dir / 'selected.jsonl'}: {len(selected)} lines for {len(srcs)} sources")
         hyps, scores = [s["hyp"] for s in selected], [s["score"] for s in selected]
         kept, removed = filter_pairs(srcs, hyps, scores, self.opts.filters)
         clean = self.workdir / "data" / "clean"
@@ -398,6 +458,51 @@ class Run:
             highlight=False,
         )
         return {"train_pairs": stats["train"]["kept"], "valid_pairs": stats["valid"]["lines"]}
+
+
+def read_jsonl(path: Path, fields: dict[str, type | tuple[type, ...]]) -> list[dict]:
+    """The JSON objects of a file of this run, one a line, each with `fields` of their types; anything
+    else (a file cut or edited outside) is one DataError naming the file and line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
+    out = []
+    for number, line in enumerate(text.splitlines(), 1):
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            obj = None
+        if not isinstance(obj, dict) or not all(isinstance(obj.get(k), t) for k, t in fields.items()):
+            raise DataError(f"{path} line {number}: damaged (not this run's JSON)")
+        out.append(obj)
+    return out
+
+
+def read_marker(path: Path) -> dict:
+    """A step's marker: {"seconds": ..., "info": ...}; damage from outside is one line naming it."""
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        obj = None
+    if not isinstance(obj, dict) or not is_number(obj.get("seconds")) or "info" not in obj:
+        raise DataError(f"{path}: damaged; delete it to run that step again")
+    return obj
+
+
+def is_number(x) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
+def read_nbest(path: Path) -> list[dict]:
+    """A teacher chunk: per line the hypotheses and their scores, as many of one as of the other."""
+    found = read_jsonl(path, {"hyps": list, "scores": list})
+    for number, n in enumerate(found, 1):
+        hyps, scores = n["hyps"], n["scores"]
+        texts = all(isinstance(h, str) for h in hyps)
+        if not hyps or len(hyps) != len(scores) or not texts or not all(is_number(x) for x in scores):
+            raise DataError(f"{path} line {number}: damaged (not this run's JSON)")
+    return found
 
 
 def chunk_path(folder: Path, k: int) -> Path:
