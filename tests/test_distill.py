@@ -21,7 +21,7 @@ from nmt.distill import DistillOptions, distill
 from nmt.distill import steps as distill_steps
 from nmt.distill.filters import FilterSettings, bad_ratio, filter_pairs, repeats
 from nmt.distill.select import select_chrf, select_top1
-from nmt.errors import ConfigError
+from nmt.errors import ConfigError, DataError
 from nmt.train import dry_run
 
 from .synthetic import reverse, sentence
@@ -381,3 +381,82 @@ def test_init_teacher_refuses_a_student_of_another_width_in_one_line(setup, tmp_
     assert not run.init_path.exists()
     with pytest.raises(ConfigError, match=r"--init sideways: expected one of scratch, teacher"):
         distill_steps.check_options(DistillOptions(teacher=opts.teacher, init="sideways"))
+
+
+# ---- checked before the teacher runs; damage from outside is one line ----------------------------------
+
+
+def nothing_done(workdir) -> bool:
+    return not (workdir / "distill" / "nbest").exists() and not (workdir / "source").exists()
+
+
+def test_a_teacher_of_the_other_direction_is_refused_before_it_translates(setup, tmp_path):
+    cfg, opts, mirror = setup  # the teacher translates xx->yy
+    import dataclasses
+
+    backwards = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, src_lang="yy", tgt_lang="xx"))
+    with pytest.raises(ConfigError, match=r"^--teacher .*: translates xx->yy, the student recipe yy->xx$"):
+        distill(backwards, opts, tmp_path / "w", mirror=mirror, console=QUIET)
+    assert nothing_done(tmp_path / "w")
+
+
+def test_a_student_init_teacher_cannot_start_from_is_refused_before_the_teacher_runs(setup, tmp_path):
+    cfg, opts, mirror = setup  # the setup's student: d_model 32, the teacher's 64
+    opts = DistillOptions(teacher=opts.teacher, init="teacher")
+    with pytest.raises(ConfigError, match=r"^--init teacher: the student's model.d_model 32"):
+        distill(cfg, opts, tmp_path / "w", mirror=mirror, console=QUIET)
+    assert nothing_done(tmp_path / "w")
+
+
+@pytest.mark.parametrize("text", [b"", b"\n\n  \n"])
+def test_an_empty_mono_file_is_refused_before_any_step(setup, tmp_path, text):
+    cfg, opts, mirror = setup
+    mono = tmp_path / "mono.xx"
+    mono.write_bytes(text)
+    opts = DistillOptions(teacher=opts.teacher, mono=mono, select="top1")
+    with pytest.raises(DataError, match=r"^--mono .*mono.xx: no text to translate"):
+        distill(cfg, opts, tmp_path / "w", mirror=mirror, console=QUIET)
+    assert nothing_done(tmp_path / "w")
+
+
+def test_invalid_utf8_in_mono_is_a_counted_warning(tmp_path):
+    mono = tmp_path / "mono.xx"
+    mono.write_bytes("a b \ufffd\n".encode() + b"c \xff d \xc3\n")  # one real U+FFFD, two bad bytes
+    out = StringIO()
+    distill_steps.check_mono(mono, Console(file=out, width=200))
+    assert "2 invalid UTF-8 sequence(s)" in out.getvalue() and str(mono) in out.getvalue()
+    clean = StringIO()
+    mono.write_bytes("a b \ufffd\n".encode())
+    distill_steps.check_mono(mono, Console(file=clean))
+    assert clean.getvalue() == ""
+
+
+def test_a_damaged_chunk_is_translated_again_and_other_damage_is_one_line(setup, tmp_path):
+    cfg, opts, mirror = setup
+    cfg = distill_steps.student_config(cfg, opts.teacher)
+    run = distill_steps.Run(cfg, opts, tmp_path / "w", mirror, QUIET)
+    run.step("text", run.text)
+    run.step("teacher", run.teacher)
+    chunk = distill_steps.chunk_path(run.dir / "nbest", 1)
+    whole = chunk.read_text()
+    for damage in (
+        whole[: len(whole) // 2],
+        whole.replace("hyps", "hips", 1),
+        "\n".join(whole.split("\n")[1:]),
+    ):
+        chunk.write_text(damage)
+        run.teacher()
+        assert chunk.read_text() == whole
+    chunk.write_text(whole[: len(whole) // 2])
+    with pytest.raises(DataError, match=r"00001.jsonl line \d+: damaged"):
+        run.select()
+    chunk.write_text(whole)
+    run.select()
+    selected = run.dir / "selected.jsonl"
+    selected.write_text(selected.read_text()[:-20])
+    with pytest.raises(DataError, match=r"selected.jsonl line \d+: damaged"):
+        run.filter()
+    marker = run.dir / ".done" / "text.json"
+    marker.write_text("{")
+    with pytest.raises(DataError, match=r"text.json: damaged; delete it to run that step again"):
+        run.marker_info("text")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from nmt.cli import app
@@ -256,3 +258,155 @@ def test_the_command_line_gives_back_the_signal_handlers_it_found(model, tmp_pat
     before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)
     assert cli("average", model, model, "-o", tmp_path / "avg.pt").returncode == 0
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)) == before
+
+
+# ---- every command, each output at each input --------------------------------------------------------
+
+# The commands that write no file: a new command is either here or in GUARDED below, so none can ship
+# without its outputs checked against its inputs.
+WRITES_NOTHING = {"score", "serve"}
+
+
+def _model_copy(model: Path, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(model.read_bytes())
+    return path
+
+
+def _text(_model: Path | None, path: Path, text: str = "a b c\n") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def _recipe(_model: Path, path: Path) -> Path:
+    from nmt.config import resolve_recipe
+
+    return _text(None, path, resolve_recipe("multi30k-en-de").read_text())
+
+
+def _student_recipe(_model: Path, path: Path) -> Path:
+    from nmt.config import resolve_recipe
+
+    return _text(None, path, resolve_recipe("multi30k-en-de-student").read_text())
+
+
+def _split(model: Path, folder: Path) -> Path:
+    """A work directory whose data/ holds a binarized split made with `model`'s subwords."""
+    from nmt.checkpoint import load_checkpoint
+    from nmt.data.binarized import write_split
+
+    proto = load_checkpoint(model).subword_proto
+    (folder / "data").mkdir(parents=True, exist_ok=True)
+    (folder / "data" / "spm.model").write_bytes(proto)
+    write_split(folder / "data" / "train", [[5, 6, 7], [6, 7]], [[7, 6, 5], [7, 6]], 20)
+    return folder
+
+
+# Per command: (argv with {name} for each input and {out} for the output, the inputs' makers,
+# whether the output is a work directory). A file output is pointed at each input by name, through a
+# symlink and, for a folder input, at a file inside it; a work directory is given with each input
+# placed in one of the folders a run writes (data/, checkpoints/).
+GUARDED = {
+    "preprocess": ("preprocess {recipe} -w {out}", {"recipe": _recipe}, True),
+    "train": ("train {recipe} -w {out} --init-from {init}", {"recipe": _recipe, "init": _model_copy}, True),
+    "run": ("run {recipe} -w {out} --init-from {init}", {"recipe": _recipe, "init": _model_copy}, True),
+    "distill": (
+        "distill {recipe} -t {teacher} --mono {mono} --select top1 -w {out}",
+        {"recipe": _student_recipe, "teacher": _model_copy, "mono": _text},
+        True,
+    ),
+    "average": ("average {a} {b} -o {out}", {"a": _model_copy, "b": _model_copy}, False),
+    "export": ("export -m {model} --format huggingface --force -o {out}", {"model": _model_copy}, False),
+    "import": ("import {folder} -o {out}", {"folder": "marian"}, False),
+    "translate": (
+        "translate -m {model} -i {input} --glossary {glossary} --avoid {avoid} -o {out}",
+        {
+            "model": _model_copy,
+            "input": _text,
+            "glossary": lambda m, p: _text(m, p, "b\tc\n"),
+            "avoid": lambda m, p: _text(m, p, "x\n"),
+        },
+        False,
+    ),
+    "shortlist": (
+        "shortlist -m {model} --src {src} --tgt {tgt} -o {out}",
+        {"model": _model_copy, "src": _text, "tgt": _text},
+        False,
+    ),
+    "plot": (
+        "plot {run} -o {out}",
+        {"run": lambda m, p: _text(m, p / "metrics.jsonl", "{}\n").parent},
+        False,
+    ),
+}
+
+
+def test_every_command_is_guarded_or_writes_nothing():
+    commands = {c.name or c.callback.__name__ for c in app.registered_commands}
+    assert commands == set(GUARDED) | WRITES_NOTHING
+
+
+def guard_cases() -> list[tuple[str, str, str]]:
+    cases = []
+    for command, (_, makers, workdir) in GUARDED.items():
+        for name in makers:
+            forms = ["in data/", "in checkpoints/"] if workdir else ["same name", "symlink"]
+            if command in ("import", "plot"):  # folder inputs: the output at a file inside them too
+                forms.append("inside")
+            if command == "shortlist" and name == "model":
+                continue  # -o over -m is the in-place update nmt shortlist documents (tested below)
+            cases += [(command, name, form) for form in forms]
+    return cases
+
+
+def snapshot(path: Path) -> dict[str, bytes]:
+    if path.is_file():
+        return {"": path.read_bytes()}
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize(("command", "input_name", "form"), guard_cases())
+def test_no_command_writes_over_one_of_its_inputs(
+    model, marian, tmp_path, monkeypatch, command, input_name, form
+):
+    monkeypatch.setenv("NMT_DATA_MIRROR", str(tmp_path / "no-mirror"))  # a missed refusal never downloads
+    template, makers, workdir = GUARDED[command]
+    paths = {}
+    for name, make in makers.items():
+        if make == "marian":
+            paths[name] = tmp_path / "hf"
+            shutil.copytree(marian, paths[name])
+            continue
+        where = tmp_path / "inputs" / name
+        if workdir and name == input_name:  # the input lies where the run writes
+            where = tmp_path / "w" / form.split()[1].rstrip("/") / name
+        paths[name] = make(model, where)
+    victim = paths[input_name]
+    if workdir:
+        out = tmp_path / "w"
+    elif form == "same name":
+        out = victim
+    elif form == "symlink":
+        out = tmp_path / "link"
+        out.symlink_to(victim)
+    else:  # a file inside the input folder
+        out = victim / ("model.safetensors" if command == "import" else "metrics.jsonl")
+    before = snapshot(victim)
+    args = template.format(out=out, **paths).split()
+    result = cli(*args)
+    assert result.returncode == 2, (args, result.stderr.decode())
+    one_line(result.stderr, "input")
+    assert snapshot(victim) == before
+
+
+def test_shortlist_updates_its_own_model_in_place(model, tmp_path):
+    copy = _model_copy(model, tmp_path / "model.pt")
+    src, tgt = _text(None, tmp_path / "s", "a b c\nb c\n"), _text(None, tmp_path / "t", "c b a\nc b\n")
+    result = cli("shortlist", "-m", copy, "--src", src, "--tgt", tgt, "-o", copy)
+    assert result.returncode == 0, result.stderr.decode()
+    from nmt.checkpoint import load_checkpoint
+
+    before, after = load_checkpoint(model), load_checkpoint(copy)
+    assert after.shortlist is not None and before.shortlist is None
+    assert all(torch.equal(after.model_state[k], v) for k, v in before.model_state.items())

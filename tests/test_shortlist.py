@@ -290,3 +290,69 @@ def test_the_cpu_kernels_project_the_union_as_they_project_the_whole_vocabulary(
         # not); float32 sums over the same columns, so only rounding may differ
         scores = [torch.tensor([score for nbest in run for _, score in nbest]) for run in runs]
         torch.testing.assert_close(scores[1], scores[0], rtol=1e-5, atol=1e-5)
+
+
+# ---- nmt shortlist's inputs checked, nmt average keeping the shortlist ----------------------------------
+
+
+def one_line_error(result, *names: str) -> str:
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in result.output, result.output
+    assert all(name in lines[0] for name in names), (names, lines[0])
+    return lines[0]
+
+
+def test_shortlist_refuses_data_of_another_subword_model_or_past_its_vocabulary(synthetic_run, tmp_path):
+    import shutil
+
+    from nmt.data.binarized import write_split
+
+    model = synthetic_run / "checkpoints" / "best.pt"
+    vocab = load_checkpoint(model).vocab_size
+    other = tmp_path / "other"
+    shutil.copytree(synthetic_run / "data", other / "data")
+    (other / "data" / "spm.model").write_bytes(b"not the model's subwords")
+    args = ["shortlist", "-m", str(model), "--data", str(other), "-o", str(tmp_path / "s.pt")]
+    one_line_error(runner.invoke(app, args), "another SentencePiece model")
+    # ids past the vocabulary after the first 1,000 pairs: the whole split is checked
+    (other / "data" / "spm.model").write_bytes((synthetic_run / "data" / "spm.model").read_bytes())
+    pairs = [[5, 6]] * 1500 + [[5, vocab]]
+    write_split(other / "data" / "train", pairs, pairs, vocab)
+    one_line_error(runner.invoke(app, args), "source ids beyond the", str(vocab))
+    assert not (tmp_path / "s.pt").exists()
+    idx = other / "data" / "train.src.idx"
+    before = idx.read_bytes()
+    one_line_error(runner.invoke(app, [*args[:-1], str(idx)]), "input")
+    assert idx.read_bytes() == before
+
+
+def test_shortlist_sizes_past_the_vocabulary_mean_all_of_it_and_allocate_no_more(synthetic_run, tmp_path):
+    model = synthetic_run / "checkpoints" / "best.pt"
+    vocab = load_checkpoint(model).vocab_size
+    out = tmp_path / "s.pt"
+    args = ["shortlist", "-m", str(model), "--data", str(synthetic_run), "-o", str(out)]
+    result = runner.invoke(app, [*args, "--per-source", "1000000000", "--frequent", str(10**30)])
+    assert result.exit_code == 0, result.output
+    built = load_shortlist(out)
+    assert built.table.shape[0] == vocab and built.table.shape[1] <= vocab and len(built.frequent) <= vocab
+    one_line_error(runner.invoke(app, [*args, "--per-source", "0"]), "--per-source 0")
+    one_line_error(runner.invoke(app, [*args, "--iterations", "100000"]), "--iterations 100000")
+
+
+def test_average_keeps_a_shared_shortlist_and_says_when_it_drops_one(shortlisted, synthetic_run, tmp_path):
+    plain = synthetic_run / "checkpoints" / "best.pt"
+    tight, whole = shortlisted["tight"], shortlisted["whole"]
+    out = tmp_path / "avg.pt"
+    result = runner.invoke(app, ["average", str(tight), str(tight), "-o", str(out)])
+    assert result.exit_code == 0 and "shortlist" not in result.output, result.output
+    kept, want = load_shortlist(out), load_shortlist(tight)
+    assert torch.equal(kept.table, want.table) and torch.equal(kept.frequent, want.frequent)
+    for inputs, culprit in (([tight, whole], whole), ([tight, plain], plain), ([plain, tight], plain)):
+        result = runner.invoke(app, ["average", *map(str, inputs), "-o", str(out)])
+        assert result.exit_code == 0, result.output
+        assert f"dropped the shortlist: {culprit}" in result.output.replace("\n", "")
+        assert load_checkpoint(out).shortlist is None
+    result = runner.invoke(app, ["average", str(tight), str(tight), "--no-shortlist", "-o", str(out)])
+    assert result.exit_code == 0 and "--no-shortlist" in result.output
+    assert load_checkpoint(out).shortlist is None
