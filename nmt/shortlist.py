@@ -373,12 +373,7 @@ def check_data(data: Path, prefix: Path, proto: bytes, vocab: int, model: Path) 
             f"--data {data}: preprocessed with another SentencePiece model ({spm}) than {model}'s; "
             f"give the training data of {model}, or --src/--tgt text"
         )
-    split = ParallelData(prefix)
-    for side, ids in (("source", split.src_ids), ("target", split.tgt_ids)):
-        # in blocks: uint16 has no max kernel, and a whole WMT split as int32 would be half a GiB
-        for start in range(0, ids.numel(), 1 << 24):
-            if int(ids[start : start + (1 << 24)].to(torch.int32).max()) >= vocab:
-                raise DataError(f"--data {data}: {side} ids beyond the {vocab} subwords of {model}")
+    ParallelData(prefix).check_ids(vocab, str(model))
 
 
 def shortlist(

@@ -140,3 +140,18 @@ def test_batches_are_cut_greedily_within_the_budget():
 
         got = [b.tolist() for b in pack_batches(order, src, tgt, budget)]
         assert got == greedy(order, src, tgt, budget)
+
+
+def test_ids_past_the_vocabulary_anywhere_in_the_split_are_one_line_before_training(tmp_path):
+    from nmt.data.loader import load_data
+    from nmt.errors import DataError
+
+    from .synthetic import make_workdir
+
+    subword = make_workdir(tmp_path, n_train=20, n_valid=5)
+    cfg = make_config()
+    load_data(cfg, tmp_path)  # as preprocessed: fine
+    pairs = [[5, 6]] * 1500 + [[5, subword.vocab_size]]  # past the first 1,000 pairs
+    write_split(tmp_path / "data" / "train", [[6]] * 1501, pairs, vocab_size=subword.vocab_size)
+    with pytest.raises(DataError, match=rf"^.*train\.tgt\.bin: ids beyond the {subword.vocab_size} subwords"):
+        load_data(cfg, tmp_path)

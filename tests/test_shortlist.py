@@ -319,7 +319,7 @@ def test_shortlist_refuses_data_of_another_subword_model_or_past_its_vocabulary(
     (other / "data" / "spm.model").write_bytes((synthetic_run / "data" / "spm.model").read_bytes())
     pairs = [[5, 6]] * 1500 + [[5, vocab]]
     write_split(other / "data" / "train", pairs, pairs, vocab)
-    one_line_error(runner.invoke(app, args), "source ids beyond the", str(vocab))
+    one_line_error(runner.invoke(app, args), "train.src.bin: ids beyond the", str(vocab))
     assert not (tmp_path / "s.pt").exists()
     idx = other / "data" / "train.src.idx"
     before = idx.read_bytes()

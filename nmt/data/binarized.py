@@ -125,6 +125,15 @@ class ParallelData:
     def __len__(self) -> int:
         return len(self.src_lens)
 
+    def check_ids(self, vocab: int, what: str) -> None:
+        """A DataError naming the file when any id (of every pair, not a sample) is not below `vocab`:
+        split made with other subwords than `what` (a model, a SentencePiece file) has."""
+        for side, ids in (("src", self.src_ids), ("tgt", self.tgt_ids)):
+            # in blocks: uint16 has no max kernel, and a whole WMT split as int32 would be half a GiB
+            for start in range(0, ids.numel(), 1 << 24):
+                if int(ids[start : start + (1 << 24)].to(torch.int32).max()) >= vocab:
+                    raise DataError(f"{self.prefix}.{side}.bin: ids beyond the {vocab} subwords of {what}")
+
     def src(self, i: int) -> torch.Tensor:
         o = self.src_offsets
         return self.src_ids[o[i] : o[i + 1]].to(torch.int64)

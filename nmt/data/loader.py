@@ -58,9 +58,12 @@ def load_data(cfg: Config, workdir: Path) -> TrainData:
             f"{spm}: {subword.vocab_size} subwords, recipe says data.vocab_size {cfg.data.vocab_size}"
         )
     read = lambda p: p.read_text(encoding="utf-8").split("\n")[:-1]  # noqa: E731
+    train, valid = ParallelData(data_dir / "train"), ParallelData(data_dir / "valid")
+    for split in (train, valid):  # an id past the embedding would be an IndexError mid-training
+        split.check_ids(subword.vocab_size, str(spm))
     return TrainData(
-        train=ParallelData(data_dir / "train"),
-        valid=ParallelData(data_dir / "valid"),
+        train=train,
+        valid=valid,
         valid_src=read(data_dir / f"valid.{cfg.data.src_lang}"),
         valid_ref=read(data_dir / f"valid.{cfg.data.tgt_lang}"),
         subword=subword,
