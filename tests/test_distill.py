@@ -460,3 +460,50 @@ def test_a_damaged_chunk_is_translated_again_and_other_damage_is_one_line(setup,
     marker.write_text("{")
     with pytest.raises(DataError, match=r"text.json: damaged; delete it to run that step again"):
         run.marker_info("text")
+
+
+@pytest.mark.numerics
+@pytest.mark.slow  # three real processes killed, then resumed, beside an uninterrupted one
+def test_distill_killed_by_signals_inside_its_steps_resumes_to_the_same_student(setup, tmp_path):
+    """SIGKILL in the teacher step (a chunk written, the next not), SIGTERM in training, SIGKILL in the
+    average/compare steps: each real process dies where it is, and the run then ends as one never
+    killed did. Unlike the test above, nothing is scripted: the signal lands wherever the process is."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    cfg, opts, mirror = setup
+    recipe = tmp_path / "student.yaml"
+    recipe.write_text(yaml.safe_dump(config_to_dict(cfg)))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "NMT_DATA_MIRROR": mirror}
+
+    def command(workdir):
+        return [sys.executable, "-m", "nmt", "distill", str(recipe), "-t", str(opts.teacher), "-w",
+                str(workdir), "--nbest", "2", "--chunk-lines", "50", "--drop-worst", "5"]  # fmt: skip
+
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    done = subprocess.run(command(whole), env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    for sig, sign in (
+        (signal.SIGKILL, "distill/nbest/00000.jsonl"),
+        (signal.SIGTERM, "checkpoints/step-4.pt"),
+        (signal.SIGKILL, "checkpoints/average.pt"),
+    ):
+        process = subprocess.Popen(
+            command(resumed), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        deadline = time.monotonic() + 300
+        while not (resumed / sign).exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        process.send_signal(sig)
+        _, stderr = process.communicate(timeout=120)
+        assert "Traceback" not in stderr.decode(), stderr.decode()
+    done = subprocess.run(command(resumed), env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    got, want = outcome(resumed), outcome(whole)
+    weights, want_weights = got.pop("weights"), want.pop("weights")
+    assert got == want
+    assert all(torch.equal(weights[k], want_weights[k]) for k in want_weights)
