@@ -47,7 +47,7 @@ def augment_pair(
     case, typo, punct = rng.random(), rng.random(), rng.random()
     applied = []
     if punct < augment.remove_end_punct and _ends_in_punct(src) and _ends_in_punct(tgt):
-        stripped = _strip_end_punct(src), _strip_end_punct(tgt)
+        stripped = strip_end_punct(src), strip_end_punct(tgt)
         if all(stripped):  # "..." alone must not become an empty line
             src, tgt = stripped
             applied.append("remove_end_punct")
@@ -95,7 +95,7 @@ def _ends_in_punct(text: str) -> bool:
     return bool(text) and _is_punct(text[-1])
 
 
-def _strip_end_punct(text: str) -> str:
+def strip_end_punct(text: str) -> str:
     end = len(text)
     while end and (_is_punct(text[end - 1]) or text[end - 1].isspace()):
         end -= 1
