@@ -116,3 +116,32 @@ def test_a_config_without_augment_loads_with_it_off():
     """A checkpoint written before data.augment existed holds a data section without it."""
     cfg = config_from_dict({"data": {k: v for k, v in recipe()["data"].items() if k != "augment"}})
     assert cfg.data.augment == AugmentConfig() and not is_on(cfg.data.augment)
+
+
+def test_a_checkpoint_written_before_augment_and_cleaning_keys_loads_and_translates_the_same(
+    synthetic_run, tmp_path
+):
+    """A checkpoint's config as nmt wrote it before data.augment, data.dedup, data.drop_copies,
+    data.langid_threshold and a corpus's langid existed."""
+    import torch
+    from typer.testing import CliRunner
+
+    from nmt.checkpoint import load_checkpoint
+    from nmt.cli import app
+
+    new = synthetic_run / "checkpoints" / "best.pt"
+    payload = torch.load(new, weights_only=True)
+    data = payload["config"]["data"]
+    for key in ("augment", "dedup", "drop_copies", "langid_threshold"):
+        del data[key]
+    for corpus in data["train"] + data["valid"] + data["test"]:
+        del corpus["langid"]
+    old = tmp_path / "old.pt"
+    torch.save(payload, old)
+    assert load_checkpoint(old).config.data.augment == AugmentConfig()
+    lines = "".join(s + "\n" for s in (synthetic_run / "data" / "valid.xx").read_text().splitlines()[:20])
+    outputs = [
+        CliRunner().invoke(app, ["translate", "-m", str(p), "--beam", "2"], input=lines) for p in (new, old)
+    ]
+    assert all(o.exit_code == 0 for o in outputs), outputs[1].output
+    assert outputs[0].stdout == outputs[1].stdout and outputs[0].stdout.count("\n") == 20
