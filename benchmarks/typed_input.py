@@ -60,8 +60,11 @@ def translate(model: Path, src: Path, hyp: Path, beam: int | None) -> None:
         sys.exit(f"nmt translate failed on {src}: {done.stderr.strip().splitlines()[-1:]}")
 
 
-def measure(model: Path, src: Path, ref: Path, out: Path, beam: int | None = None) -> list[dict]:
-    """One row per variant: its BLEU and that BLEU as a share of its baseline's."""
+def measure(
+    model: Path, src: Path, ref: Path, out: Path, beam: int | None = None, translate=translate
+) -> list[dict]:
+    """One row per variant: its BLEU and that BLEU as a share of its baseline's. `translate(model, src,
+    hyp, beam)` writes the translations of the file `src` to `hyp`."""
     sources = src.read_text(encoding="utf-8").splitlines()
     references = ref.read_text(encoding="utf-8").splitlines()
     if len(sources) != len(references):
