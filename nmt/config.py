@@ -44,6 +44,20 @@ class CorpusSpec:
     src: FileSpec | None = None
     tgt: FileSpec | None = None
     sacrebleu: str | None = None
+    # Drop training pairs either side of which py3langid names confidently as another language than
+    # the pair's (data.langid_threshold): for web-crawled corpora (Common Crawl), not for curated ones.
+    langid: bool = False
+
+
+@dataclass(frozen=True)
+class AugmentConfig:
+    """The share of training pairs each modifier of nmt.data.augment is applied to; all 0 is off."""
+
+    uppercase: float = 0.0
+    titlecase: float = 0.0
+    typos: float = 0.0
+    remove_end_punct: float = 0.0
+    seed: int = 1
 
 
 @dataclass(frozen=True)
@@ -63,6 +77,12 @@ class DataConfig:
     max_subwords: int = 256  # training pairs longer than this in subwords are dropped after encoding
     # Fine-tuning: a checkpoint whose subwords, model keys and weights the run starts from (nmt.checkpoint).
     init_from: str | None = None
+    # Cleaning beyond length (nmt.data.clean): duplicate pairs, exact or equal up to case, punctuation
+    # and spaces; pairs whose target is their source unchanged (untranslated copies).
+    dedup: bool = True
+    drop_copies: bool = True
+    langid_threshold: float = 0.9  # for corpora with `langid: true`
+    augment: AugmentConfig = field(default_factory=AugmentConfig)  # off unless a share is given
 
 
 # The largest model nmt builds, in each dimension (a recipe, a checkpoint, an imported config.json):
@@ -498,6 +518,17 @@ def _check(cfg: Config, source: str, corpora: bool = True) -> None:
     limit = MODEL_LIMITS["vocab_size"]
     need(data.vocab_size <= limit, "data.vocab_size", f"must be at most {limit:,}, got {data.vocab_size:,}")
     need(data.src_lang != data.tgt_lang, "data.tgt_lang", "must differ from data.src_lang")
+    need(0.0 <= data.langid_threshold <= 1.0, "data.langid_threshold", "must be in [0, 1]")
+    a = data.augment
+    for key in ("uppercase", "titlecase", "typos", "remove_end_punct"):
+        need(
+            0.0 <= getattr(a, key) <= 1.0, f"data.augment.{key}", f"must be in [0, 1], got {getattr(a, key)}"
+        )
+    need(
+        a.uppercase + a.titlecase <= 1.0,
+        "data.augment.titlecase",
+        "upper and title case exclude each other: uppercase + titlecase must be at most 1",
+    )
     need(len(data.train) > 0 or not corpora, "data.train", "names no corpus")
     need(len(data.valid) > 0 or not corpora, "data.valid", "names no corpus")
     for section in ("train", "valid", "test"):

@@ -32,6 +32,7 @@ common = importlib.import_module("common")
 throughput = importlib.import_module("train_throughput")
 speed = importlib.import_module("train_speed")
 check = importlib.import_module("gpu_check")
+typed = importlib.import_module("typed_input")
 
 TINY = [
     "--set=model.encoder_layers=1",
@@ -456,3 +457,66 @@ def test_the_tests_that_ended_are_kept_when_the_stage_is_cut_short(tmp_path):
     whole = check.test_result(seen[::2], 0)
     assert (whole["status"], whole["reason"]) == ("ok", None)
     assert whole["figures"]["counts"] == {"passed": 1, "failed": 0, "skipped": 1, "errors": 0}
+
+
+def test_typed_input_scores_each_variant_against_its_own_reference(tmp_path):
+    """With a "model" that copies its input, and a test set whose references are its sources: each
+    variant scores 100 exactly when it is compared with the reference typed the same way."""
+    import shutil
+
+    sentences = ["A man rides a red bicycle.", "Two dogs play in the snow!", "a woman reads"] * 4
+    src = tmp_path / "test.en"
+    src.write_text("".join(s + "\n" for s in sentences))
+    copy = lambda model, source, hyp, beam: shutil.copyfile(source, hyp)  # noqa: E731
+    rows = {r["variant"]: r for r in typed.measure(Path("m.pt"), src, src, tmp_path / "out", translate=copy)}
+    assert rows["as written"]["bleu"] == pytest.approx(100.0)
+    assert rows["ALL CAPS"]["bleu"] == pytest.approx(100.0)  # caps against caps
+    assert rows["Title Case"]["bleu"] == pytest.approx(100.0) and rows["Title Case"]["lowercase"]
+    assert rows["no final punctuation"]["bleu"] < 99 and rows["no final punctuation"]["share"] < 0.99
+    assert (tmp_path / "out" / "title-cased.src").read_text().splitlines()[2] == "A Woman Reads"
+    assert (tmp_path / "out" / "upper-cased.ref").read_text() == src.read_text().upper()
+
+
+@pytest.mark.slow
+def test_typed_input_translates_the_variants_with_nmt_translate(tmp_path, capsys, synthetic_run):
+    """On the session's reversal model: the variants are the test set as people type it, and each row
+    is sacrebleu's score of that variant's translations against the reference the table names."""
+    import sacrebleu
+
+    data = synthetic_run / "data"
+    src, ref = tmp_path / "test.xx", tmp_path / "test.yy"
+    sources = data.joinpath("valid.xx").read_text().splitlines()[:40]
+    references = data.joinpath("valid.yy").read_text().splitlines()[:40]
+    src.write_text("".join(s + " .\n" for s in sources))  # a final full stop to remove
+    ref.write_text("".join(r + " .\n" for r in references))
+    out = tmp_path / "out"
+    rows = typed.main(
+        [
+            "-m",
+            str(synthetic_run / "checkpoints" / "best.pt"),
+            "--src",
+            str(src),
+            "--ref",
+            str(ref),
+            "--out",
+            str(out),
+            "--beam",
+            "1",
+        ]
+    )
+    assert (out / "upper-cased.src").read_text() == src.read_text().upper()
+    assert (out / "upper-cased.ref").read_text() == ref.read_text().upper()
+    assert (out / "title-cased.src").read_text().splitlines()[0] == " ".join(
+        w.capitalize() for w in sources[0].split()
+    ) + " ."
+    assert (out / "final-punctuation-removed.src").read_text() == "".join(s + "\n" for s in sources)
+    by_name = {r["variant"]: r for r in rows}
+    assert list(by_name) == [v.name for v in typed.VARIANTS]
+    upper_hyps = (out / "upper-cased.hyp").read_text().splitlines()
+    expected = sacrebleu.corpus_bleu(upper_hyps, [[r.upper() + " ." for r in references]]).score
+    assert by_name["ALL CAPS"]["bleu"] == pytest.approx(expected)
+    assert by_name["as written"]["bleu"] > 50 and by_name["as written"]["share"] == 1.0  # it learned
+    caps = by_name["ALL CAPS"]
+    assert caps["share"] == pytest.approx(caps["bleu"] / by_name["as written"]["bleu"])
+    printed = capsys.readouterr().out
+    assert "| ALL CAPS |" in printed and "| Title Case |" in printed and "85%" in printed

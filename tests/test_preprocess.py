@@ -189,6 +189,108 @@ def test_cleaning_counts_each_reason(tmp_path, monkeypatch):
     assert "too many subwords" in log
 
 
+WEB_CORPUS_DE = [
+    ("A man rides a red bicycle down the street.", "Ein Mann fährt ein rotes Fahrrad die Straße hinunter."),
+    ("Two dogs play in the snow.", "Zwei Hunde spielen im Schnee."),
+    ("A woman is reading a book in the park.", "Eine Frau liest ein Buch im Park."),
+    ("Children are swimming in a lake.", "Kinder schwimmen in einem See."),
+]
+
+
+def test_web_like_corpus_keeps_exactly_the_right_lines_and_counts_each_reason(tmp_path, monkeypatch):
+    """Duplicates (exact, and up to case, punctuation and spaces), untranslated copies and a line in
+    another language go; what is left, in order, is the first of each good pair."""
+    pytest.importorskip("py3langid", reason="the language check needs py3langid: pip install -e '.[serve]'")
+    monkeypatch.setenv("NMT_CACHE", str(tmp_path / "cache"))
+    good = WEB_CORPUS_DE
+    corpus = [
+        good[0],
+        good[1],
+        good[0],  # duplicate
+        ("a man rides a red bicycle down the street", "ein Mann fährt ein rotes Fahrrad die Straße hinunter"),
+        ("Click here to subscribe", "Click here to subscribe"),  # copy
+        good[2],
+        # a duplicate once its spaces are collapsed, as every kept line's are
+        ("A  woman is reading a book in the park.", "Eine Frau liest ein Buch im  Park."),
+        ("The weather is nice today.", "Il fait très beau aujourd'hui, nous allons à la plage."),  # French
+        ("Das ist ein deutscher Satz über das Wetter.", "Das ist ein deutscher Satz über das Wetter!"),
+        good[3],
+        ("OK", "OK"),  # copy
+        ("Hi", "Hallo"),  # too short to judge its language: kept
+    ]
+    small_corpus(tmp_path / "m", corpus)
+    raw = small_recipe(tmp_path / "m", vocab_size=80, max_ratio=3.0)
+    raw["data"]["train"][0]["langid"] = True
+    cfg = config_from_dict(raw)
+    stats, log = run(cfg, tmp_path / "work", mirror=str(tmp_path / "m"))
+    clean = tmp_path / "work" / "data" / "clean"
+    kept = list(zip(lines(clean / "train.en"), lines(clean / "train.de"), strict=True))
+    assert kept == [good[0], good[1], good[2], good[3], ("Hi", "Hallo")]
+    dropped = stats["train"]["dropped"]
+    assert {k: v for k, v in dropped.items() if v} == {
+        "copy": 2,
+        "wrong_language": 2,  # the French target, and the German source of the last but three
+        "duplicate": 2,
+        "near_duplicate": 1,
+    }
+    assert stats["train"]["kept"] == 5 and stats["train"]["lines"] == len(corpus)
+    on_disk = json.loads((tmp_path / "work/data/stats.json").read_text())
+    assert on_disk["train"]["dropped"] == dropped
+    for row in ("dropped: copy", "dropped: wrong language", "dropped: duplicate", "dropped: near duplicate"):
+        assert row in log
+
+
+def test_without_a_language_check_the_recipe_keeps_other_languages_and_the_switches_work(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("NMT_CACHE", str(tmp_path / "cache"))
+    corpus = [*WEB_CORPUS_DE, ("The weather is nice.", "Il fait très beau aujourd'hui."), WEB_CORPUS_DE[0]]
+    corpus += [("Same text.", "Same text.")]
+    small_corpus(tmp_path / "m", corpus)
+    cfg = config_from_dict(small_recipe(tmp_path / "m", vocab_size=80, max_ratio=3.0))
+    stats, _ = run(cfg, tmp_path / "work", mirror=str(tmp_path / "m"))
+    dropped = stats["train"]["dropped"]
+    assert (dropped["wrong_language"], dropped["duplicate"], dropped["copy"]) == (0, 1, 1)
+    off = config_from_dict(
+        small_recipe(tmp_path / "m", vocab_size=80, max_ratio=3.0, dedup=False, drop_copies=False)
+    )
+    stats, log = run(off, tmp_path / "work", mirror=str(tmp_path / "m"))
+    assert "the recipe's data section changed" in log
+    assert stats["train"]["kept"] == len(corpus) and sum(stats["train"]["dropped"].values()) == 0
+
+
+def test_a_pair_in_two_corpora_is_kept_once(tmp_path):
+    cfg = config_from_dict(small_recipe_stub())
+    from nmt.data.clean import Seen
+
+    seen, dropped = Seen(), {}
+    first = list(clean_pairs(iter(WEB_CORPUS_DE), cfg.data, dropped, seen))
+    second = list(clean_pairs(iter([WEB_CORPUS_DE[1], ("New.", "Neu.")]), cfg.data, dropped, seen))
+    assert first == WEB_CORPUS_DE and second == [("New.", "Neu.")] and dropped == {"duplicate": 1}
+
+
+def test_augmentation_is_in_the_cleaned_text_and_counted(tmp_path, monkeypatch):
+    monkeypatch.setenv("NMT_CACHE", str(tmp_path / "cache"))
+    pairs = [(f"{s} number {i}.", f"{t} Nummer {i}.") for i, (s, t) in enumerate(generated_pairs(300))]
+    small_corpus(tmp_path / "m", pairs)
+    augment = {"uppercase": 0.2, "titlecase": 0.1, "typos": 0.1, "remove_end_punct": 0.3}
+    cfg = config_from_dict(small_recipe(tmp_path / "m", vocab_size=200, max_ratio=3.0, augment=augment))
+    stats, log = run(cfg, tmp_path / "work", mirror=str(tmp_path / "m"))
+    src = lines(tmp_path / "work/data/clean/train.en")
+    tgt = lines(tmp_path / "work/data/clean/train.de")
+    counts = stats["train"]["augmented"]
+    assert len(src) == len(pairs) == stats["train"]["kept"]  # replaced, not added
+    upper = sum(s == s.upper() and t == t.upper() for s, t in zip(src, tgt, strict=True))
+    assert upper == counts["uppercase"] > 30
+    assert (
+        sum(not s.endswith(".") and not t.endswith(".") for s, t in zip(src, tgt, strict=True))
+        == counts["remove_end_punct"]
+    )
+    assert counts["titlecase"] > 0 and counts["typos"] > 0 and "of which augmented: uppercase" in log
+    again, _ = run(cfg, tmp_path / "again", mirror=str(tmp_path / "m"))
+    assert lines(tmp_path / "again/data/clean/train.en") == src and again["train"]["augmented"] == counts
+
+
 def test_drop_reason_follows_clean_corpus_n():
     cfg = config_from_dict(small_recipe_stub())
     assert drop_reason(0, 3, cfg.data) == "empty"

@@ -111,6 +111,49 @@ def test_a_killed_run_resumes_to_exactly_the_same_parameters(tmp_path, synthetic
 
 
 @pytest.mark.slow
+def test_a_killed_run_on_augmented_data_resumes_to_exactly_the_same_parameters(tmp_path, monkeypatch):
+    """data.augment on: the pairs nmt preprocess modified are what a resumed run reads again."""
+    import hashlib
+    import random
+
+    from nmt.config import config_from_dict
+    from nmt.data.preprocess import preprocess
+
+    from .synthetic import reverse, sentence
+
+    monkeypatch.setenv("NMT_CACHE", str(tmp_path / "cache"))
+    rng, mirror = random.Random(3), tmp_path / "mirror"
+    mirror.mkdir()
+    src = [sentence(rng, 2) + "." for _ in range(1500)]
+    (mirror / "c.xx").write_text("".join(s + "\n" for s in src))
+    (mirror / "c.yy").write_text("".join(reverse(s[:-1]) + " ." + "\n" for s in src))
+    spec = {
+        side: {
+            "url": f"https://upstream.invalid/c.{side}",
+            "sha256": hashlib.sha256((mirror / f"c.{side}").read_bytes()).hexdigest(),
+        }
+        for side in ("xx", "yy")
+    }
+    corpus = {"name": "c", "src": spec["xx"], "tgt": spec["yy"]}
+    augment = {"uppercase": 0.2, "titlecase": 0.1, "typos": 0.1, "remove_end_punct": 0.3}
+    base = config_to_dict(make_config(max_steps=40, save_every=10))
+    base["data"] = {
+        "src_lang": "xx",
+        "tgt_lang": "yy",
+        "train": [corpus],
+        "valid": [corpus],
+        "vocab_size": 64,
+        "max_ratio": 3.0,
+        "max_subwords": 60,
+        "augment": augment,
+    }
+    cfg = config_from_dict(base)
+    stats = preprocess(cfg, tmp_path / "prepared", mirror=str(mirror))
+    assert stats["train"]["augmented"]["uppercase"] > 0
+    killed_and_resumed_equals_straight(tmp_path, tmp_path / "prepared" / "data", cfg)
+
+
+@pytest.mark.slow
 def test_a_compiled_run_with_dropout_resumes_exactly_on_two_threads(tmp_path, synthetic):
     """train.compile: compiled CPU kernels on several threads used to add in whatever order threads
     finished, and dropout draws random numbers that a resume must restore."""

@@ -29,8 +29,9 @@ from rich.table import Table
 
 from nmt import atomic
 from nmt.config import Config, DataConfig, config_to_dict
+from nmt.data.augment import MODIFIERS, augment_pair, is_on
 from nmt.data.binarized import write_split
-from nmt.data.clean import REASONS, clean_pairs, open_text, read_pairs
+from nmt.data.clean import REASONS, Seen, clean_pairs, open_text, read_pairs
 from nmt.data.corpora import corpus_text
 from nmt.errors import ConfigError
 from nmt.progress import Progress, count_lines
@@ -122,20 +123,29 @@ def write_text(data: DataConfig, out: Path, *, mirror: str | None, console: Cons
         return open_text(parts[0], "w"), open_text(parts[1], "w")
 
     train: dict = {"corpora": {}}
+    augmented = dict.fromkeys(MODIFIERS, 0)
+    kept_before = Seen() if data.dedup else None  # across corpora: a pair in two of them is kept once
+    index = 0  # of the kept pair, over all corpora: what its augmentation is drawn from
     fs, ft = writers((_clean(out, data.src_lang), _clean(out, data.tgt_lang)))
     with fs, ft:
-        for text in texts["train"]:
+        for spec, text in zip(data.train, texts["train"], strict=True):
             console.print(f"cleaning {text.name}", highlight=False)
             progress = Progress(console, f"clean {text.name}", count_lines(text.src))
             seen = _Counted(read_pairs(text.src, text.tgt), progress)
             dropped = dict.fromkeys(REASONS, 0)
             kept = 0
             with progress:
-                for s, t in clean_pairs(seen, data, dropped):
+                for s, t in clean_pairs(seen, data, dropped, kept_before, langid=spec.langid):
+                    if is_on(data.augment):
+                        s, t, applied = augment_pair(s, t, data.augment, epoch=0, index=index)
+                        for m in applied:
+                            augmented[m] += 1
                     fs.write(s + "\n")
                     ft.write(t + "\n")
                     kept += 1
+                    index += 1
             train["corpora"][text.name] = {"lines": seen.n, "kept": kept, "dropped": dropped}
+    train["augmented"] = augmented
     valid_lines = 0
     fs, ft = writers((out / f"valid.{data.src_lang}", out / f"valid.{data.tgt_lang}"))
     with fs, ft:
@@ -324,6 +334,8 @@ def _print_stats(stats: dict, data: DataConfig, console: Console) -> None:
     for reason, n in train["dropped"].items():
         table.add_row(f"dropped: {reason.replace('_', ' ')}", f"{n:,}")
     table.add_row("kept", f"{train['kept']:,}")
+    for modifier, n in train.get("augmented", {}).items():
+        table.add_row(f"of which augmented: {modifier.replace('_', ' ')}", f"{n:,}")
     console.print(table)
     p, tokens = train["length_percentiles"], train["tokens"]
     tests = ", ".join(f"{k} {v:,}" for k, v in stats["test"].items()) or "none"
