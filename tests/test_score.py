@@ -165,6 +165,22 @@ def test_paired_bootstrap_equals_sacrebleu(files):
         assert f"- {comparisons[name].name}" in theirs and comparisons[name].signature in theirs
 
 
+@pytest.mark.parametrize("metric", ["bleu", "chrf", "ter"])
+def test_a_system_compared_with_its_own_copy_is_never_significant(files, tmp_path, metric):
+    copy = tmp_path / "copy.de"
+    copy.write_bytes(files["bad"].read_bytes())
+    result = nmt_score(
+        "-r", files["ref"], "-i", files["bad"], "-i", copy, "-i", files["good"], "--metrics", metric, "--json"
+    )
+    assert result.exit_code == 0, result.output
+    base, same, better = json.loads(result.stdout)[metric]["systems"]
+    # sacreBLEU's own test says p = 1 / 1001 for the copy: no resample differs by more than nothing.
+    assert same["score"] == base["score"] and same["p_value"] == 1.0
+    assert better["p_value"] < 0.05  # a clearly better system still is significant, in the same run
+    table = nmt_score("-r", files["ref"], "-i", files["bad"], "-i", copy, "--metrics", metric)
+    assert "1.0000" in table.stdout and "*" not in table.stdout
+
+
 def test_two_systems_cli_table_and_json(files):
     result = nmt_score("-r", files["ref"], "-i", files["bad"], "-i", files["good"])
     assert result.exit_code == 0, result.output
