@@ -166,6 +166,19 @@ def test_import_keeps_the_model_and_maps_the_vocabulary(imported):
     assert (ckpt.config.data.src_lang, ckpt.config.data.tgt_lang) == ("xx", "yy")
 
 
+def test_import_refuses_an_existing_output_unless_forced(imported):
+    folder, out, _ = imported
+    before, first = out.read_bytes(), load_checkpoint(out).model_state
+    refused = runner.invoke(app, ["import", str(folder), "-o", str(out)])
+    assert refused.exit_code == 2 and out.read_bytes() == before
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(out) in lines[0] and "--force" in lines[0], refused.stderr
+    forced = runner.invoke(app, ["import", str(folder), "-o", str(out), "--force"])
+    assert forced.exit_code == 0, forced.output
+    again = load_checkpoint(out).model_state
+    assert again.keys() == first.keys() and all(torch.equal(v, again[k]) for k, v in first.items())
+
+
 def test_imported_logits_equal_transformers(imported):
     folder, path, lines = imported
     theirs, _ = hf_model(folder)

@@ -122,7 +122,7 @@ def test_text_report_equals_sacrebleu(files):
 
 def test_stdin_and_library_agree(files):
     hyp_text = files["good"].read_bytes().decode("utf-8")  # keep the "\r"
-    result = nmt_score("-r", files["ref"], "--json", "-w", "4", input=hyp_text)
+    result = nmt_score("-r", files["ref"], "--json", "--width", "4", input=hyp_text)
     assert result.exit_code == 0, result.output
     from_stdin = json.loads(result.stdout)["bleu"]["score"]
 

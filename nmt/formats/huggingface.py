@@ -326,16 +326,23 @@ def generation_config(d: DecodeConfig, m: ModelConfig, vocab_size: int) -> dict:
 
 
 def import_huggingface(
-    folder: Path, output: Path, src_lang: str | None = None, tgt_lang: str | None = None
+    folder: Path,
+    output: Path,
+    src_lang: str | None = None,
+    tgt_lang: str | None = None,
+    force: bool = False,
 ) -> Path:
     """`nmt import`: a MarianMT folder, or a Pegasus one with MarianMT's tokenizer files (config.json's
-    model_type chooses), as one nmt checkpoint (weights, config, subwords); returns it."""
+    model_type chooses), as one nmt checkpoint (weights, config, subwords); returns it. An existing
+    `output` is replaced only with `force`."""
     folder = Path(folder)
     if not folder.is_dir():
         raise NmtError(
             f"{folder}: no such folder (a MarianMT model folder holds config.json, vocab.json, ...)"
         )
     refuse_inputs(output, [folder])  # `-o FOLDER/model.safetensors` would replace what is read
+    if Path(output).exists() and not force:  # before the work: the checkpoint may be a trained model
+        raise NmtError(f"{output} already exists; add --force to replace it")
     hf = read_json(folder / "config.json")
     validate.check_config(hf, folder / "config.json")  # every size bounded before anything is built
     model_cfg = model_config(hf, folder / "config.json")

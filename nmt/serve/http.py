@@ -391,7 +391,7 @@ def serve(
     `glossary`: a TSV file of terms every request obeys (nmt.translate.terminology).
 
     The model is built as `nmt translate` builds it (nmt.translate.build_translator), on either engine;
-    the batch budget (--max-batch-tokens) is among `overrides`, as decode.batch_tokens.
+    the batch budget (--max-tokens) is among `overrides`, as decode.batch_tokens.
     """
     try:
         import prometheus_client  # noqa: F401
