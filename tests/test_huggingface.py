@@ -278,7 +278,7 @@ def test_export_loads_in_transformers_without_missing_or_unexpected_weights(expo
     last = model.config.vocab_size - 1  # OPUS-MT's layout: </s> 0, the start token pads, last
     assert model.config.decoder_start_token_id == model.config.pad_token_id == last
     gen = json.loads((exported / "generation_config.json").read_text())
-    assert (gen["num_beams"], gen["length_penalty"]) == (4, 0.6)  # the recipe's decode section
+    assert gen["num_beams"] == 4 and "length_penalty" not in gen  # GNMT's is not transformers' formula
     tok = MarianTokenizer.from_pretrained(exported)
     assert tok.eos_token_id == 0 and tok.pad_token_id == last
     assert (exported / "model.safetensors").is_file()
