@@ -139,3 +139,21 @@ def test_the_old_name_of_an_option_still_works(monkeypatch):
         given.clear()
         result = CliRunner().invoke(app, ["serve", "-m", "m.pt", option, "1234"])
         assert result.exit_code == 0 and given["batch_tokens"] == 1234, (option, result.output)
+
+
+def test_any_misspelt_option_of_any_command_is_one_line():
+    hypothesis = pytest.importorskip("hypothesis")
+    st = hypothesis.strategies
+
+    @hypothesis.given(
+        st.sampled_from(COMMANDS),
+        st.text("abcdefghijklmnopqrstuvwxyz-=0123456789é", max_size=12),
+        st.lists(st.text("abc -/é\t", max_size=6), max_size=3),
+    )
+    def one_line(command, name, rest):
+        result = CliRunner().invoke(app, [command, "--x" + name, *rest], input="")
+        assert result.exit_code == 2, result.output
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+
+    one_line()
