@@ -69,8 +69,9 @@ def model_card(cfg: Config, model_path: Path, license: str | None = None) -> str
         "pipeline_tag": "translation",
         "library_name": "transformers",
         "tags": ["translation", "pegasus" if pre else "marian", "nmt"],
-        "datasets": [corpus.name for corpus in cfg.data.train],
     }
+    if cfg.data.train:  # an imported model records none
+        front["datasets"] = [corpus.name for corpus in cfg.data.train]
     if results is not None and (index := model_index(name, src, tgt, results)):
         front["model-index"] = index
     head = yaml.safe_dump(front, sort_keys=False, allow_unicode=True).rstrip("\n")
