@@ -21,6 +21,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer._click.exceptions import NoArgsIsHelpError, UsageError  # typer's own click: no public name
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from nmt.config import Engine, Precision
@@ -71,8 +72,26 @@ class Command(HelpShowsValues, TyperCommand):
     """Every command of nmt."""
 
 
+def usage_error(e: UsageError) -> typer.Exit:
+    """A usage error (an unknown option, a missing or invalid value) as one red line naming the command,
+    and its exit status (2), as every other error: not click's box of usage, hint and message."""
+    if isinstance(e, NoArgsIsHelpError):
+        raise e  # `nmt` or `nmt COMMAND` alone asks for help, which is what click shows
+    where = f" (see {e.ctx.command_path} --help)" if e.ctx is not None else ""
+    message = " ".join(e.format_message().split())  # click's "Did you mean" hint goes on the same line
+    err.print(f"[bold red]error:[/] {escape(message)}{escape(where)}", highlight=False)
+    return typer.Exit(e.exit_code)
+
+
 class Commands(HelpShowsValues, TyperGroup):
-    """The one boundary where library errors become a red line on stderr and exit status 2."""
+    """The one boundary where library errors, and usage errors, become a red line on stderr and exit
+    status 2."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        try:  # `nmt --bogus`: the group's own options; a command's are parsed in `invoke`
+            return super().make_context(info_name, args, parent, **extra)
+        except UsageError as e:
+            raise usage_error(e) from None
 
     def invoke(self, ctx):
         previous = raise_on_signals()
@@ -107,6 +126,8 @@ class Commands(HelpShowsValues, TyperGroup):
         except NmtError as e:
             err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
             raise typer.Exit(e.exit_code) from None
+        except UsageError as e:  # a command's options, parsed when the group invokes it
+            raise usage_error(e) from None
         finally:
             for s, handler in previous.items():  # a caller in the same process (a test) gets its own back
                 if handler is not None:  # None: set outside Python, which cannot be put back
@@ -415,6 +436,7 @@ def import_model(
         str | None,
         typer.Option(metavar="<code>", help="Target language, when tokenizer_config.json does not name it."),
     ] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace --output if it exists.")] = False,
 ) -> None:
     """Import a Hugging Face MarianMT (OPUS-MT) or Pegasus folder as an nmt checkpoint; needs no transformers.
 
@@ -425,7 +447,7 @@ def import_model(
     """
     from nmt.formats.huggingface import import_huggingface
 
-    err.print(f"imported {folder} as {import_huggingface(folder, output, src_lang, tgt_lang)}")
+    err.print(f"imported {folder} as {import_huggingface(folder, output, src_lang, tgt_lang, force)}")
 
 
 @app.command(cls=Command)
@@ -598,8 +620,15 @@ def serve(
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on; 0 picks a free one (printed).")] = 5000,
     max_batch_tokens: Annotated[
-        int, typer.Option(help="Subword budget of one batch (sentences x beam x max(source, output limit)).")
+        int,
+        typer.Option(
+            "--max-tokens",
+            help="Batch budget: sentences x beam x max(source, output limit), as nmt translate's.",
+        ),
     ] = 8192,
+    old_max_batch_tokens: Annotated[
+        int | None, typer.Option("--max-batch-tokens", hidden=True, help="The old name of --max-tokens.")
+    ] = None,
     batch_wait_ms: Annotated[
         float, typer.Option(help="How long the first request of a batch waits for others to join it.")
     ] = 10.0,
@@ -664,12 +693,12 @@ def serve(
         read_timeout=read_timeout, keep_alive=keep_alive, max_connections=max_connections,
         shutdown_timeout=shutdown_timeout, cors_origins=cors_origins,
     )  # fmt: skip
-    # The batch budget is a decode setting, under the server's name for it
+    # The batch budget is a decode setting, under nmt translate's name for it
     overrides = DecodeOverrides.given(
-        {"batch_tokens": "--max-batch-tokens"},
+        {"batch_tokens": "--max-tokens"},
         beam=beam,
         lenpen=lenpen,
-        batch_tokens=max_batch_tokens,
+        batch_tokens=max_batch_tokens if old_max_batch_tokens is None else old_max_batch_tokens,
         shortlist=shortlist,
     )
     run_serve(model, host, port, settings, overrides, device, dtype, err, engine, glossary=glossary)
@@ -720,7 +749,9 @@ def score(
         str, typer.Option(metavar="<names>", help="Comma-separated: bleu, chrf, ter.")
     ] = "bleu",
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
-    width: Annotated[int, typer.Option("--width", "-w", min=0, help="Decimals shown, as sacrebleu -w.")] = 1,
+    width: Annotated[
+        int, typer.Option("--width", min=0, help="Decimals shown, as sacrebleu -w (-w is --workdir in nmt).")
+    ] = 1,
 ) -> None:
     """Score translations with sacreBLEU (BLEU by default; chrF and TER on request).
 

@@ -144,7 +144,12 @@ def paired_bootstrap(
     """Compare (name, hypotheses) systems by sacreBLEU's paired bootstrap; the first is the baseline.
 
     The resampling seed is sacreBLEU's (SACREBLEU_SEED, default 12345), so results equal
-    `sacrebleu REF -i BASE NEW --paired-bs` and are the same on every run.
+    `sacrebleu REF -i BASE NEW --paired-bs` and are the same on every run, but for one case: a system
+    whose translations are the baseline's, line for line, has p = 1. sacreBLEU counts the resamples
+    whose centred difference is strictly greater than the observed one, and when every difference is
+    0 none is, so it reports the smallest p it can, 1 / (n_samples + 1) = 0.0010, "significant" (its
+    command hides this by dropping a file given twice, but not a copy of it). Identical output cannot
+    differ: every resample ties, and the p-value of a tie in every resample is 1.
     """
     if len(systems) < 2:
         raise NmtError("paired bootstrap needs at least two systems")
@@ -162,6 +167,8 @@ def paired_bootstrap(
     signatures, table = test()
     # The table's metric columns come in the order the metrics were given, after the "System" column.
     columns = [key for key in table if key != "System"]
+    baseline = list(systems[0][1])
+    identical = [i > 0 and list(hyps) == baseline for i, (_, hyps) in enumerate(systems)]
     out = {}
     for name, column in zip(names, columns, strict=True):
         # float(): sacreBLEU hands back numpy scalars (float32 for chrF), which json cannot write.
@@ -171,9 +178,9 @@ def paired_bootstrap(
                 score=float(r.score),
                 mean=float(r.mean),
                 ci=float(r.ci),
-                p_value=None if r.p_value is None else float(r.p_value),
+                p_value=None if r.p_value is None else 1.0 if same else float(r.p_value),
             )
-            for sys_name, r in zip(table["System"], table[column], strict=True)
+            for sys_name, r, same in zip(table["System"], table[column], identical, strict=True)
         ]
         out[name] = Comparison(name=column, signature=signatures[column].format(), systems=rows)
     return out

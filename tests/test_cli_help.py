@@ -88,3 +88,72 @@ def test_a_dtype_is_read_in_one_place_and_mapped_to_what_each_engine_computes_in
         else:  # refused, never silently another type
             with pytest.raises(NmtError, match=rf"--dtype {precision}: CTranslate2 cannot compute in {name}"):
                 compute_type(precision, cpu)
+
+
+@pytest.mark.parametrize(
+    "args, names",
+    [
+        (["translate", "--bem", "3", "-m", "m.pt"], ["--bem", "--beam"]),  # click's hint on the same line
+        (["translate"], ["--model"]),
+        (["translate", "-m", "m.pt", "--beam", "many"], ["--beam"]),
+        (["score", "-r", "ref.de", "-w", "4"], ["-w"]),  # -w is --workdir, which score has not
+        (["--bogus"], ["--bogus"]),
+        (["frobnicate"], ["frobnicate"]),
+    ],
+)
+def test_a_usage_error_is_one_line_and_exit_status_2(args, names):
+    result = CliRunner().invoke(app, args, input="")
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert all(name in lines[0] for name in names) and "╭" not in result.stderr
+
+
+def test_bare_commands_still_show_their_help():
+    result = CliRunner().invoke(app, [])
+    assert result.exit_code == 2 and "Usage" in result.output and "error:" not in result.output
+
+
+def test_one_spelling_per_meaning_across_commands():
+    group = typer.main.get_command(app)
+    for name, command in group.commands.items():
+        for param in command.params:
+            if "-w" in getattr(param, "opts", []):  # -w means the work directory, wherever it is taken
+                assert "--workdir" in param.opts, (name, param.opts)
+    for name in ("translate", "serve"):  # the batch budget: one public name, the old one hidden
+        text = help_of(name)
+        assert "--max-tokens" in text and "--max-batch-tokens" not in text
+    assert "--width" in help_of("score")
+
+
+def test_the_old_name_of_an_option_still_works(monkeypatch):
+    import nmt.serve
+
+    given = {}
+    monkeypatch.setattr(
+        nmt.serve,
+        "serve",
+        lambda model, host, port, settings, overrides, *a, **k: given.update(overrides.values),
+    )
+    for option in ("--max-tokens", "--max-batch-tokens"):
+        given.clear()
+        result = CliRunner().invoke(app, ["serve", "-m", "m.pt", option, "1234"])
+        assert result.exit_code == 0 and given["batch_tokens"] == 1234, (option, result.output)
+
+
+def test_any_misspelt_option_of_any_command_is_one_line():
+    hypothesis = pytest.importorskip("hypothesis")
+    st = hypothesis.strategies
+
+    @hypothesis.given(
+        st.sampled_from(COMMANDS),
+        st.text("abcdefghijklmnopqrstuvwxyz-=0123456789é", max_size=12),
+        st.lists(st.text("abc -/é\t", max_size=6), max_size=3),
+    )
+    def one_line(command, name, rest):
+        result = CliRunner().invoke(app, [command, "--x" + name, *rest], input="")
+        assert result.exit_code == 2, result.output
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+
+    one_line()

@@ -112,7 +112,19 @@ def test_transformers_own_classes_load_the_folder_as_pegasus(pegasus: Export):
 
     card = (pegasus.folder / "README.md").read_text()
     assert "Pegasus" in card and "pre-LayerNorm" in card and "AutoModelForSeq2SeqLM" in card
-    assert "MarianMTModel" not in card and "ct2-transformers-converter" not in pegasus.output
+    assert "MarianMTModel.from_pretrained" not in card and "ct2-transformers-converter" not in pegasus.output
+
+
+def test_marian_mt_model_refuses_the_pegasus_folder(pegasus: Export):
+    """What OPUS-MT users type by habit fails to load, rather than loading post-norm layers without the
+    final norms (a model that answers ",,,,")."""
+    from transformers import GenerationConfig, MarianMTModel
+
+    with pytest.raises(RuntimeError, match="size mismatch for final_logits_bias"):
+        MarianMTModel.from_pretrained(pegasus.folder)
+    greedy = GenerationConfig.from_pretrained(pegasus.folder)
+    greedy.update(num_beams=1, do_sample=False)
+    greedy.validate(strict=True)  # no flag a greedy call ignores
 
 
 def test_logits_equal_nmt(pegasus: Export):

@@ -122,7 +122,7 @@ def test_text_report_equals_sacrebleu(files):
 
 def test_stdin_and_library_agree(files):
     hyp_text = files["good"].read_bytes().decode("utf-8")  # keep the "\r"
-    result = nmt_score("-r", files["ref"], "--json", "-w", "4", input=hyp_text)
+    result = nmt_score("-r", files["ref"], "--json", "--width", "4", input=hyp_text)
     assert result.exit_code == 0, result.output
     from_stdin = json.loads(result.stdout)["bleu"]["score"]
 
@@ -163,6 +163,22 @@ def test_paired_bootstrap_equals_sacrebleu(files):
             assert f"{s.score:.4f} ({s.mean:.4f} ± {s.ci:.4f})" in theirs
         assert f"(p = {new.p_value:.4f})*" in theirs
         assert f"- {comparisons[name].name}" in theirs and comparisons[name].signature in theirs
+
+
+@pytest.mark.parametrize("metric", ["bleu", "chrf", "ter"])
+def test_a_system_compared_with_its_own_copy_is_never_significant(files, tmp_path, metric):
+    copy = tmp_path / "copy.de"
+    copy.write_bytes(files["bad"].read_bytes())
+    result = nmt_score(
+        "-r", files["ref"], "-i", files["bad"], "-i", copy, "-i", files["good"], "--metrics", metric, "--json"
+    )
+    assert result.exit_code == 0, result.output
+    base, same, better = json.loads(result.stdout)[metric]["systems"]
+    # sacreBLEU's own test says p = 1 / 1001 for the copy: no resample differs by more than nothing.
+    assert same["score"] == base["score"] and same["p_value"] == 1.0
+    assert better["p_value"] < 0.05  # a clearly better system still is significant, in the same run
+    table = nmt_score("-r", files["ref"], "-i", files["bad"], "-i", copy, "--metrics", metric)
+    assert "1.0000" in table.stdout and "*" not in table.stdout
 
 
 def test_two_systems_cli_table_and_json(files):

@@ -242,6 +242,14 @@ def test_http_edges_answer_in_json_with_the_right_status(server):
     assert status == 405 and headers["allow"] == "POST"
 
 
+def test_doubled_and_trailing_slashes_reach_the_route(server):
+    assert server.request("/languages") == server.request("//languages") == server.request("/languages/")
+    assert server.request("/languages")[0] == 200
+    for path in ("//translate", "/translate/", "//translate//"):
+        assert server.request(path, libre("a b c")) == (200, {"translatedText": "c b a"}), path
+    assert server.request("//nowhere/")[0] == 404
+
+
 def test_libretranslate_fields_auto_alternatives_html_form_and_truncation(server):
     status, body = server.request("/translate", {"q": "a b c", "source": "auto", "target": "yy"})
     assert status == 200

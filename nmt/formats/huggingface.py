@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -128,7 +129,8 @@ def export_huggingface(
         save_safetensors(folder / "model.safetensors", hf_weights(ckpt.model_state, m, order))
         size = len(order)
         write_json(folder / "config.json", hf_config(layout, m, size))
-        write_json(folder / "generation_config.json", generation_config(ckpt.config.decode, m, size))
+        generation = generation_config(ckpt.config.decode, m, size, ckpt.config.data.max_subwords)
+        write_json(folder / "generation_config.json", generation)
         write_json(folder / "vocab.json", {piece: i for i, piece in enumerate(names)})
         (folder / "source.spm").write_bytes(subword.source_proto)
         (folder / "target.spm").write_bytes(subword.target_proto)
@@ -260,6 +262,7 @@ def hf_config(layout: Layout, m: ModelConfig, vocab_size: int) -> dict:
         own = {"decoder_vocab_size": vocab_size, "share_encoder_decoder_embeddings": True}
     else:  # what the Hub's Pegasus configs say, and CTranslate2's converter reads (transformers does not)
         own = {"normalize_before": True, "normalize_embedding": False, "add_final_layer_norm": True}
+        own |= marian_refusal(vocab_size)
     return {
         "architectures": [layout.architecture],
         "model_type": layout.model_type,
@@ -288,22 +291,43 @@ def hf_config(layout: Layout, m: ModelConfig, vocab_size: int) -> dict:
     }
 
 
-def generation_config(d: DecodeConfig, m: ModelConfig, vocab_size: int) -> dict:
-    """The checkpoint's decode settings as far as transformers' generate expresses them, and only those
-    its default generation uses (transformers warns, at every call, about a flag its mode ignores).
+def marian_refusal(vocab_size: int) -> dict:
+    """Two keys of MarianConfig that PegasusConfig does not read, so that `MarianMTModel.from_pretrained`
+    of a Pegasus folder (what OPUS-MT users type by habit) fails instead of returning garbage.
 
-    Not expressible: the output limit a * source length + b (max_length is absolute: the model's
-    positions here), and the GNMT length penalty ((5 + |Y|) / 6)^alpha (transformers divides by
-    |Y|^length_penalty, so the exponent is carried, not the formula).
+    transformers only warns when config.json's model_type is not the class's ("a model of type pegasus
+    to instantiate a model of type marian"), then loads the weights into post-norm layers with no final
+    norms: a model that answers ",,,,,,,". MarianConfig reads these two keys as a target vocabulary of
+    its own one row larger than the weights', so MarianMTModel's output bias cannot take them: loading
+    stops with a size mismatch, right after that warning. PegasusConfig keeps them as inert attributes;
+    the Auto classes, pipeline, optimum's ONNX export and CTranslate2's converter read no such key.
+    """
+    return {"share_encoder_decoder_embeddings": False, "decoder_vocab_size": vocab_size + 1}
+
+
+def generation_config(d: DecodeConfig, m: ModelConfig, vocab_size: int, max_source: int) -> dict:
+    """The checkpoint's decode settings as far as transformers' generate expresses them, and no flag that
+    a greedy call ignores (transformers warns about such a flag at every call).
+
+    The output limit: nmt allows floor(a * |x| + b) tokens before the EOS (decode.max_len_a, max_len_b,
+    |x| the source's subwords), within the positions. transformers' limits are absolute, so max_length
+    is that rule at the longest source the model was trained on (data.max_subwords: longer pairs were
+    dropped), plus the start token and the EOS: every source of the training data gets at least the
+    room nmt gives it, and a model that loops stops there (306 tokens by default), not at its positions.
+
+    The length penalty: nmt's is GNMT's ((5 + |Y|) / 6)^alpha, transformers' |Y|^length_penalty, a
+    different formula, and a length_penalty in this file makes every greedy call (num_beams=1, as on a
+    CPU) warn that it is unused. So none is written: beam search in transformers normalises by |Y|.
     """
     start = vocab_size - 1
+    limit = min(math.floor(d.max_len_a * max_source + d.max_len_b), m.max_positions - 1)
     config = {
         "decoder_start_token_id": start,
         "pad_token_id": start,
         "eos_token_id": MARIAN_EOS,
         "forced_eos_token_id": MARIAN_EOS,
         "bad_words_ids": [[start]],  # nmt's search never emits its start token (nor PAD, left out)
-        "max_length": m.max_positions + 1,  # the start token, then as many as the positions hold
+        "max_length": limit + 2,  # the start token, the output, its EOS (nmt.translate.search.output_limits)
         "min_new_tokens": d.min_len,
     }
     if d.sampling:
@@ -312,10 +336,8 @@ def generation_config(d: DecodeConfig, m: ModelConfig, vocab_size: int) -> dict:
             config["num_return_sequences"] = d.nbest
         return config
     config["num_beams"] = d.beam
-    if d.beam > 1:  # greedy search has no length penalty, and returns one sequence
-        config["length_penalty"] = d.lenpen
-        if d.nbest > 1:
-            config["num_return_sequences"] = d.nbest
+    if d.beam > 1 and d.nbest > 1:  # greedy search returns one sequence
+        config["num_return_sequences"] = d.nbest
     if d.no_repeat_ngram_size > 0:
         config["no_repeat_ngram_size"] = d.no_repeat_ngram_size
     return config
@@ -326,16 +348,23 @@ def generation_config(d: DecodeConfig, m: ModelConfig, vocab_size: int) -> dict:
 
 
 def import_huggingface(
-    folder: Path, output: Path, src_lang: str | None = None, tgt_lang: str | None = None
+    folder: Path,
+    output: Path,
+    src_lang: str | None = None,
+    tgt_lang: str | None = None,
+    force: bool = False,
 ) -> Path:
     """`nmt import`: a MarianMT folder, or a Pegasus one with MarianMT's tokenizer files (config.json's
-    model_type chooses), as one nmt checkpoint (weights, config, subwords); returns it."""
+    model_type chooses), as one nmt checkpoint (weights, config, subwords); returns it. An existing
+    `output` is replaced only with `force`."""
     folder = Path(folder)
     if not folder.is_dir():
         raise NmtError(
             f"{folder}: no such folder (a MarianMT model folder holds config.json, vocab.json, ...)"
         )
     refuse_inputs(output, [folder])  # `-o FOLDER/model.safetensors` would replace what is read
+    if Path(output).exists() and not force:  # before the work: the checkpoint may be a trained model
+        raise NmtError(f"{output} already exists; add --force to replace it")
     hf = read_json(folder / "config.json")
     validate.check_config(hf, folder / "config.json")  # every size bounded before anything is built
     model_cfg = model_config(hf, folder / "config.json")
@@ -443,16 +472,17 @@ def model_config(hf: dict, path: Path) -> ModelConfig:
     )
     need(hf.get("activation_function") in ACTIVATIONS, "activation_function", "not relu or swish")
     need(hf.get("scale_embedding") is True, "scale_embedding", "nmt scales embeddings by sqrt(d_model)")
-    need(
-        hf.get("share_encoder_decoder_embeddings", True) is True,
-        "share_encoder_decoder_embeddings",
-        "separate source and target embeddings are not supported",
-    )
-    need(
-        hf.get("decoder_vocab_size") in (None, hf["vocab_size"]),
-        "decoder_vocab_size",
-        "a target vocabulary of its own is not supported",
-    )
+    if layout is MARIAN:  # Pegasus has neither key; nmt's Pegasus export sets both (MARIAN_REFUSAL)
+        need(
+            hf.get("share_encoder_decoder_embeddings", True) is True,
+            "share_encoder_decoder_embeddings",
+            "separate source and target embeddings are not supported",
+        )
+        need(
+            hf.get("decoder_vocab_size") in (None, hf["vocab_size"]),
+            "decoder_vocab_size",
+            "a target vocabulary of its own is not supported",
+        )
     need(hf.get("tie_word_embeddings", True) is True, "tie_word_embeddings", "untied output not supported")
     if layout is MARIAN:  # transformers' Pegasus reads none of them: its layers are what they say
         for key in ("normalize_before", "add_final_layer_norm", "normalize_embedding"):

@@ -44,7 +44,16 @@ USE_PEGASUS = [  # the Auto classes: config.json names the model, tokenizer_conf
     "",
     'tokenizer = AutoTokenizer.from_pretrained("path/to/this/folder")  # a MarianTokenizer',
     'model = AutoModelForSeq2SeqLM.from_pretrained("path/to/this/folder")  # PegasusForConditionalGeneration',
+    "# not MarianMTModel: its post-norm layers cannot hold this model, and it refuses to load it",
 ]
+
+
+# Corpora whose domain a user would not guess from the model: a word in a training corpus's name or URL,
+# and what the limitations section says of it.
+DOMAINS = {
+    "multi30k": "image captions (Multi30k: one-sentence descriptions of Flickr photos, about 12 words "
+    "long); expect much weaker translations of news, dialogue, technical or long text",
+}
 
 
 def model_card(cfg: Config, model_path: Path, license: str | None = None) -> str:
@@ -52,6 +61,8 @@ def model_card(cfg: Config, model_path: Path, license: str | None = None) -> str
     check_license(license)
     src, tgt, m = cfg.data.src_lang, cfg.data.tgt_lang, cfg.model
     pre = m.norm == "pre"  # nmt.formats.huggingface.layout_of
+    name = model_name(model_path)
+    results = find_results(model_path)
     front = {
         "language": [src, tgt],
         "license": license or LICENSE_UNSET,
@@ -59,6 +70,10 @@ def model_card(cfg: Config, model_path: Path, license: str | None = None) -> str
         "library_name": "transformers",
         "tags": ["translation", "pegasus" if pre else "marian", "nmt"],
     }
+    if cfg.data.train:  # an imported model records none
+        front["datasets"] = [corpus.name for corpus in cfg.data.train]
+    if results is not None and (index := model_index(name, src, tgt, results)):
+        front["model-index"] = index
     head = yaml.safe_dump(front, sort_keys=False, allow_unicode=True).rstrip("\n")
     if license is None:  # a YAML comment on the licence's own line
         unset = f"license: {LICENSE_UNSET}"
@@ -68,7 +83,7 @@ def model_card(cfg: Config, model_path: Path, license: str | None = None) -> str
         head,
         "---",
         "",
-        f"# {src}-{tgt}",
+        f"# {name}: {src} to {tgt} translation",
         "",
         f"A Transformer (Vaswani et al., 2017) translating {src} into {tgt}, trained with nmt and exported "
         + (
@@ -102,7 +117,11 @@ def model_card(cfg: Config, model_path: Path, license: str | None = None) -> str
         "",
         "## Test scores",
         "",
-        *scores_table(model_path),
+        *scores_table(results),
+        "",
+        "## Limitations",
+        "",
+        *limitations(cfg),
         "",
         "## Training recipe",
         "",
@@ -139,26 +158,85 @@ def recipe(cfg: Config) -> dict:
     return sections
 
 
-def scores_table(model_path: Path) -> list[str]:
-    """The test scores of results.json (from `nmt run`) beside the checkpoint or in its run's folder, as
-    a Markdown table; only when they were measured on this checkpoint."""
+def model_name(model_path: Path) -> str:
+    """The model's name: its run's folder (runs/NAME/checkpoints/average.pt), else the file's stem."""
+    path = Path(model_path)
+    return path.parent.parent.name if path.parent.name == "checkpoints" else path.stem
+
+
+def find_results(model_path: Path) -> dict | None:
+    """results.json (from `nmt run`) beside the checkpoint or in its run's folder, when its scores were
+    measured on this checkpoint."""
     for folder in (model_path.parent, model_path.parent.parent):
         results = read_results(folder / "results.json")
-        if results is None or Path(str(results.get("model", ""))).name != model_path.name:
-            continue
-        d = results.get("decode", {})
-        rows = [
-            f"sacreBLEU and chrF of `nmt run` (beam {d.get('beam')}, length penalty {d.get('lenpen')}):",
-            "",
-            "| test set | BLEU | chrF | BLEU signature |",
-            "| --- | --- | --- | --- |",
+        if results is not None and Path(str(results.get("model", ""))).name == model_path.name:
+            return results
+    return None
+
+
+def cell(value: object) -> str:
+    """A GFM table cell: a `|` splits cells even inside a code span unless escaped (sacreBLEU's
+    signatures are full of them), and a line break would end the row."""
+    return " ".join(str(value).split()).replace("|", "\\|")
+
+
+def scores_table(results: dict | None) -> list[str]:
+    """The test scores of `results` (find_results) as a Markdown table."""
+    if results is None:
+        return ["None recorded: `nmt run` writes them to results.json beside the checkpoints it scores."]
+    d = results.get("decode", {})
+    rows = [
+        f"sacreBLEU and chrF of `nmt run` (beam {d.get('beam')}, length penalty {d.get('lenpen')}):",
+        "",
+        "| test set | BLEU | chrF | BLEU signature |",
+        "| --- | --- | --- | --- |",
+    ]
+    for name, entry in results["tests"].items():
+        bleu, chrf = entry.get("bleu", {}), entry.get("chrf", {})
+        signature = cell(bleu.get("signature", ""))
+        row = [cell(name), cell(bleu.get("score", "")), cell(chrf.get("score", ""))]
+        rows.append(f"| {' | '.join(row)} | `{signature}` |")
+    return rows
+
+
+def model_index(name: str, src: str, tgt: str, results: dict) -> list[dict]:
+    """The Hub's model-index (its evaluation results widget): one result per scored test set."""
+    entries = []
+    for test, entry in results["tests"].items():
+        metrics = [
+            {"type": metric, "value": entry[metric]["score"], "name": label}
+            for metric, label in (("bleu", "BLEU"), ("chrf", "chrF"))
+            if isinstance(entry.get(metric), dict) and isinstance(entry[metric].get("score"), int | float)
         ]
-        for name, entry in results["tests"].items():
-            bleu, chrf = entry.get("bleu", {}), entry.get("chrf", {})
-            signature = bleu.get("signature", "")
-            rows.append(f"| {name} | {bleu.get('score', '')} | {chrf.get('score', '')} | `{signature}` |")
-        return rows
-    return ["None recorded: `nmt run` writes them to results.json beside the checkpoints it scores."]
+        if metrics:
+            entries.append(
+                {
+                    "task": {"type": "translation", "name": f"Translation {src}-{tgt}"},
+                    "dataset": {"name": str(test), "type": str(test)},
+                    "metrics": metrics,
+                }
+            )
+    return [{"name": name, "results": entries}] if entries else []
+
+
+def limitations(cfg: Config) -> list[str]:
+    """What the checkpoint knows of its training data, as the limits a user should expect."""
+    corpora = cfg.data.train
+    where = " ".join(
+        f"{c.name} {c.src.url if c.src is not None else ''} {c.sacrebleu or ''}" for c in corpora
+    ).lower()
+    domains = [text for word, text in DOMAINS.items() if word in where]
+    names = ", ".join(f"`{c.name}`" for c in corpora) or "corpora it does not record"
+    lines = [f"- Trained only on {names}" + (f": {'; '.join(domains)}." if domains else ".")]
+    if not domains:
+        lines.append("- Its quality outside the domain of that data has not been measured.")
+    lines += [
+        f"- Trained on single sentences of at most {cfg.data.max_subwords} subwords: give it one "
+        "sentence at a time; a line of several sentences may come back as the first one only.",
+        f"- Its vocabulary ({cfg.data.vocab_size} pieces) was learned from that data; words and scripts "
+        "it did not hold come out as unknown pieces or copied.",
+    ]
+    return lines
 
 
 def read_results(path: Path) -> dict | None:

@@ -26,6 +26,13 @@ ROUTES = ("/", "/translate", "/detect", "/languages", "/frontend/settings", "/he
 ROUTES += ("/translator/translate",)
 
 
+def route_path(path: str) -> str:
+    """The route a request path means: doubled slashes are one and a trailing one is dropped, so a client
+    given a base URL ending in "/" (`http://host/` + `/languages`) reaches /languages, not a 404 or a
+    redirect (Starlette's own answer to /languages/, which some clients do not follow for a POST)."""
+    return "/" + "/".join(part for part in path.split("/") if part)
+
+
 def json_bytes(payload) -> bytes:
     return json.dumps(payload, ensure_ascii=False).encode("utf-8")
 
@@ -260,6 +267,7 @@ def build_app(service: Service, settings: ServeSettings, metrics: Metrics, conso
         """Metrics and the log line around every request, whatever answered it."""
         if scope["type"] != "http":
             return await app(scope, receive, send)
+        scope = {**scope, "path": route_path(scope["path"])}
         start, status = time.perf_counter(), [500]
 
         async def sending(message):
@@ -391,7 +399,7 @@ def serve(
     `glossary`: a TSV file of terms every request obeys (nmt.translate.terminology).
 
     The model is built as `nmt translate` builds it (nmt.translate.build_translator), on either engine;
-    the batch budget (--max-batch-tokens) is among `overrides`, as decode.batch_tokens.
+    the batch budget (--max-tokens) is among `overrides`, as decode.batch_tokens.
     """
     try:
         import prometheus_client  # noqa: F401
