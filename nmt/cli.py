@@ -21,8 +21,12 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.markup import escape
-from typer._click.exceptions import NoArgsIsHelpError, UsageError  # typer's own click: no public name
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
+
+try:  # a recent typer carries its own copy of click, whose exceptions have no public name
+    from typer._click.exceptions import NoArgsIsHelpError, UsageError
+except ImportError:  # an older typer over click itself
+    from click.exceptions import NoArgsIsHelpError, UsageError
 
 from nmt.config import Engine, Precision
 from nmt.errors import Interrupted, NmtError, Signalled
