@@ -261,8 +261,6 @@ class Terminology:
     def check(self, glossary: Glossary | None) -> None:
         """No entry may require what the avoid list forbids, or what the vocabulary cannot write: an error
         names the first that does."""
-        if glossary is not None:
-            writable(glossary.own, self.subword)
         for e in glossary.entries if glossary is not None else []:
             target = f" {' '.join(e.target.split()).casefold()} "
             for phrase in self.avoid_phrases:
@@ -270,6 +268,8 @@ class Terminology:
                     raise NmtError(
                         f"{e.where}: the target {e.target!r} contains the avoided phrase {phrase!r}"
                     )
+        if glossary is not None:
+            writable(glossary.own, self.subword)
 
     def variants(self, target: str, capitalise: bool) -> tuple[tuple[int, ...], ...]:
         """The ways a term is written in subwords: as a word after a space, the same without the
