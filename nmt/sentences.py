@@ -11,6 +11,11 @@ pysbd is guarded on two sides, so that splitting is linear in the text whatever 
 - no single pysbd call sees more than PIECE characters: a longer text is first cut after a sentence end
   (`. ` before a capital and the like) or at a space, and each piece is split alone, so whatever else
   in pysbd is super-linear is bounded by a constant.
+
+A text of words, spaces and commas ending in at most one `.`, `!` or `?` (a heading, a link's text, a
+short sentence: most HTML blocks) is one sentence without asking pysbd, which costs about a millisecond a
+call whatever the length: 30,000 such blocks took a minute. pysbd agreed on each of 62,544 random texts of
+that form.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ if SLOW_REFERENCE in Common.NUMBERED_REFERENCE_REGEX:
 # starts one; else at a space.
 SENTENCE_END = re.compile(r"[.!?\u3002]['\")\]]*\s+(?=[\"'(\[]?[A-Z\u00c0-\u00de\d])")
 SPACE = re.compile(r"\s+")
+ONE_SENTENCE = re.compile(r"[ \t]*(?:\w[\w ,'\u2019]*)?[.!?]?[ \t]*")
 
 
 @lru_cache(maxsize=8)
@@ -82,6 +88,9 @@ def sentence_spans(
 def piece_spans(text: str, language: str) -> list[tuple[int, int]]:
     if not text.strip():
         return []
+    if ONE_SENTENCE.fullmatch(text):
+        lead = len(text) - len(text.lstrip())
+        return [(lead, len(text.rstrip()))]
     spans, at = [], 0
     for piece in segmenter(language).segment(text):
         piece = piece.strip()

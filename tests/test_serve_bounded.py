@@ -140,6 +140,9 @@ def test_any_body_is_answered_or_refused_within_the_timeout(server, text, fmt, s
 
 
 def test_sigterm_during_a_pathological_request_exits_in_time_without_a_traceback(synthetic_run):
+    """It was answered 500 with a CancelledError traceback 185 s later: now the request being prepared is
+    answered 503 within --shutdown-timeout, and the process exits 0 (the margin is the interpreter's own
+    exit, seconds on a loaded machine whatever the requests)."""
     s = Server(synthetic_run / "checkpoints" / "best.pt", "--shutdown-timeout", "3")
     try:
         with ThreadPoolExecutor(max_workers=1) as pool:
@@ -147,10 +150,11 @@ def test_sigterm_during_a_pathological_request_exits_in_time_without_a_traceback
             time.sleep(0.3)
             start = time.monotonic()
             s.proc.send_signal(signal.SIGTERM)
-            assert s.proc.wait(timeout=30) == 0
-            assert time.monotonic() - start < 3 + 2
             status, answer, _ = pending.result(timeout=30)
-        assert status in (200, 503), answer
+            answered = time.monotonic() - start
+            assert s.proc.wait(timeout=30) == 0
+        assert status in (200, 503) and answered < 3, (status, answer, answered)
+        assert time.monotonic() - start < 3 + 10
         s.reader.join(timeout=10)
         assert "Traceback" not in "".join(s.log) and "CancelledError" not in "".join(s.log)
     finally:

@@ -48,18 +48,23 @@ def nth(lines: list[list[tuple[str, float]]], k: int) -> list[str]:
 
 
 class Deadline:
-    """A request's time limit and its cancellation, checked by its steps between their pieces."""
+    """A request's time limit and its cancellation, checked by its steps between their pieces. Made and
+    stopped on the event loop; checked from the request's thread."""
 
     def __init__(self, seconds: float):
         self.seconds = seconds
         self.at = time.monotonic() + seconds
         self.stopped: str | None = None  # why it was called off, if it was
+        self.called_off = asyncio.get_running_loop().create_future()  # done when stopped
 
     def left(self) -> float:
         return self.at - time.monotonic()
 
     def stop(self, why: str) -> None:
-        self.stopped = why
+        if self.stopped is None:
+            self.stopped = why
+            if not self.called_off.done():
+                self.called_off.set_result(None)
 
     def check(self) -> None:
         """Raise the request's answer if it is called off (503) or out of time (504)."""
@@ -99,22 +104,27 @@ class Service:
         return Deadline(self.settings.timeout)
 
     async def off_loop(self, deadline: Deadline, work, *args):
-        """`work(*args)` in a thread, within the deadline; the thread is told to stop (between its pieces)
-        when the deadline passes or the request is given up."""
+        """`work(*args)` in a thread, within the deadline. The request is answered as soon as the deadline
+        passes or it is called off (504, 503), whatever the thread is doing; the thread is told to stop
+        and does so at its next check."""
         deadline.check()
         self.running.add(deadline)
+        task = asyncio.ensure_future(asyncio.to_thread(work, *args))
         try:
-            return await asyncio.wait_for(asyncio.to_thread(work, *args), max(0.0, deadline.left()))
-        except (TimeoutError, asyncio.TimeoutError):
-            deadline.stop("out of time")
-            raise HTTPError(
-                504, f"no translation within {self.settings.timeout:g} s; try a smaller request"
-            ) from None
-        except asyncio.CancelledError:
-            deadline.stop("given up")
-            raise
+            await asyncio.wait(
+                [task, deadline.called_off],
+                timeout=max(0.0, deadline.left()),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            if task.done():
+                return task.result()
+            deadline.check()  # called off: 503
+            raise HTTPError(504, f"no translation within {self.settings.timeout:g} s; try a smaller request")
         finally:
             self.running.discard(deadline)
+            if not task.done():  # late, called off, or the request given up (its task cancelled)
+                deadline.stop("given up")
+                task.cancel()
 
     def stop(self) -> None:
         """The server is shutting down: every request still being prepared or put together answers 503."""
@@ -268,11 +278,21 @@ class Service:
             detections = []
             for t in texts:
                 deadline.check()
-                detections.append(self.detected(readable(t, fmt)))
-        items = []
+                detections.append(self.detected(readable(t, fmt, deadline.check)))
+        items, size = [], 0
+
+        def limit(chars: int) -> None:  # a lower bound of the text's size, known before it is split
+            nonlocal size
+            size += chars
+            if size > self.settings.max_chars:
+                raise HTTPError(
+                    413,
+                    f"{size} characters of text or more; this server takes at most {self.settings.max_chars}",
+                )
+
         for t in texts:
             deadline.check()
-            items.append(document(t, fmt, self.src, split, deadline.check))
+            items.append(document(t, fmt, self.src, split, deadline.check, limit))
         return detections, items
 
     def join_all(self, items, answers: list[list[list[str]]], deadline: Deadline) -> list[list[str]]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from nmt.sentences import join_sentences, split_sentences
-from nmt.serve.markup import Document, visible_text
+from nmt.serve.markup import Document, spacing, visible_text
 
 
 class PlainText:
@@ -15,8 +15,17 @@ class PlainText:
 
     kept = None  # no markup: nothing marked to stay as it is
 
-    def __init__(self, text: str, language: str, split: bool, check: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        text: str,
+        language: str,
+        split: bool,
+        check: Callable[[], None] | None = None,
+        limit: Callable[[int], None] | None = None,
+    ):
         self.pieces: list[tuple[list[str], list[str]]] = []  # per line: (sentences, spacing around them)
+        if limit is not None:  # every character but spacing reaches the model
+            limit(len(text) - spacing(text))
         for line in text.split("\n"):
             line = line.removesuffix("\r")
             if split:
@@ -37,8 +46,15 @@ class HtmlText:
     needs_alignment = True
     kept = None
 
-    def __init__(self, text: str, language: str, split: bool, check: Callable[[], None] | None = None):
-        self.document = Document(text, language, split, check)
+    def __init__(
+        self,
+        text: str,
+        language: str,
+        split: bool,
+        check: Callable[[], None] | None = None,
+        limit: Callable[[int], None] | None = None,
+    ):
+        self.document = Document(text, language, split, check, limit)
         self.lines = self.document.lines()
 
     def join(self, translations: list[str], align=None) -> str:
@@ -46,16 +62,22 @@ class HtmlText:
 
 
 def document(
-    text: str, fmt: str, language: str, split: bool, check: Callable[[], None] | None = None
+    text: str,
+    fmt: str,
+    language: str,
+    split: bool,
+    check: Callable[[], None] | None = None,
+    limit: Callable[[int], None] | None = None,
 ) -> PlainText | HtmlText:
-    if fmt == "html":
-        return HtmlText(text, language, split, check)
-    return PlainText(text, language, split, check)
+    """A text's sentences. `check`: called between steps (a deadline); `limit`: called with the characters
+    other than spacing to translate, before the costly step (sentence splitting), to refuse too many."""
+    kind = HtmlText if fmt == "html" else PlainText
+    return kind(text, language, split, check, limit)
 
 
-def readable(text: str, fmt: str) -> str:
+def readable(text: str, fmt: str, check: Callable[[], None] | None = None) -> str:
     """What language detection reads of a text: an HTML fragment's visible words, a plain text as it is."""
-    return visible_text(text) if fmt == "html" else text
+    return visible_text(text, check) if fmt == "html" else text
 
 
 def aligner(translator):

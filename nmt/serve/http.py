@@ -412,6 +412,7 @@ def serve(
     metrics = Metrics(ROUTES)
     batcher = Batcher(built.translator, settings, metrics, console)
     service = Service(batcher, built.src_lang, built.tgt_lang, settings, str(model_path))
+    _ = service.detector.identifier  # loaded now (about a second), not in the first request's deadline
     app = build_app(service, settings, metrics, console)
     config = uvicorn.Config(
         app,

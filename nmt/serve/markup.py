@@ -46,6 +46,7 @@ ALIGNED_TAGS = 64  # inline tags and markers of a block placed one by one throug
 ATTRIBUTE = re.compile(r"""([^\s/>"'=]+)(?:\s*=\s*("[^"]*"?|'[^']*'?|[^\s>]*))?""")
 TAG_NAME = re.compile(r"</?([A-Za-z][^\s/>]*)")
 WORD = re.compile(r"\S+")
+SPACING = re.compile(r"\s+")
 
 
 @dataclass
@@ -99,8 +100,9 @@ def tag_end(text: str, at: int) -> int:
     return -1
 
 
-def tokens(text: str) -> list[Token]:
-    """The fragment as tokens whose raw strings, joined, are the fragment itself."""
+def tokens(text: str, check: Callable[[], None] | None = None) -> list[Token]:
+    """The fragment as tokens whose raw strings, joined, are the fragment itself. `check` is called every
+    1024 tokens (a request's deadline: it raises to stop)."""
     out: list[Token] = []
     i, n, plain = 0, len(text), 0
 
@@ -131,6 +133,8 @@ def tokens(text: str) -> list[Token]:
             i = j + 1
             continue
         flush(j)
+        if check is not None and len(out) % 1024 < 2:
+            check()
         raw = text[j:end]
         name = ""
         if kind in ("start", "end"):
@@ -149,10 +153,10 @@ def tokens(text: str) -> list[Token]:
     return out
 
 
-def visible_text(fragment: str) -> str:
+def visible_text(fragment: str, check: Callable[[], None] | None = None) -> str:
     """The text a reader sees in a fragment: its text tokens, entities decoded (no tags, attributes,
     scripts or styles), each token apart from the next: what language detection reads."""
-    return " ".join(html.unescape(t.raw) for t in tokens(fragment) if t.kind == "text")
+    return " ".join(html.unescape(t.raw) for t in tokens(fragment, check) if t.kind == "text")
 
 
 @dataclass
@@ -184,6 +188,11 @@ class Block:
         return any(c.isalnum() for c in self.text)
 
 
+def spacing(text: str) -> int:
+    """How many whitespace characters `text` holds."""
+    return sum(map(len, SPACING.findall(text)))
+
+
 def sentence_line(text: str) -> str:
     """A sentence as the model gets it: its whitespace (newlines included) collapsed."""
     return " ".join(text.split())
@@ -193,13 +202,22 @@ class Document:
     """A fragment as verbatim markup (str) and blocks (Block), in order."""
 
     def __init__(
-        self, text: str, language: str = "en", split: bool = True, check: Callable[[], None] | None = None
+        self,
+        text: str,
+        language: str = "en",
+        split: bool = True,
+        check: Callable[[], None] | None = None,
+        limit: Callable[[int], None] | None = None,
     ):
-        """`check` is called between steps (a request's deadline: it raises to stop)."""
+        """`check` is called between steps (a request's deadline: it raises to stop); `limit`, before the
+        sentences are split, with the number of characters other than spacing there is to translate (a
+        server's --max-chars: it raises to refuse)."""
         self.parts: list[str | Block] = []
         self.kept: list[str] = []  # the verbatim elements, each whole (translate="no" and the like)
         self.check = check or (lambda: None)
-        self.build(tokens(text))
+        self.build(tokens(text, self.check))
+        if limit is not None:
+            limit(sum(len(b.text) - spacing(b.text) for b in self.blocks if b.translatable))
         for block in self.blocks:
             self.check()
             if not block.translatable:
