@@ -192,7 +192,7 @@ def entry(source, target, where: str) -> Entry:
             raise NmtError(f"{where}: the {name} term must be a string, got {type(value).__name__}")
         if not value.strip():
             raise NmtError(f"{where}: the {name} term is empty")
-        if any(c in value for c in "\t\n\r"):
+        if "\t" in value or "\n" in value or "\r" in value:
             raise NmtError(f"{where}: the {name} term holds a tab or a line break")
     return Entry(" ".join(source.split()), target.strip(), where)
 
