@@ -6,6 +6,7 @@ with their spacing."""
 from __future__ import annotations
 
 import html
+import time
 
 import pytest
 
@@ -206,3 +207,40 @@ def test_split_sentences_keeps_one_line_per_line_and_the_spacing():
         [("h", -1.0)],
     ]
     assert translator.max_chars == 1000
+
+
+def test_split_sentences_is_linear_where_pysbd_backtracked():
+    """pysbd's numbered-reference rule took hours on 47 bytes (`nmt translate --split-sentences` and the
+    server alike); each of these lines is split in well under a second."""
+    from nmt.translate.split import SentenceTranslator
+
+    translator = SentenceTranslator(Reverser(), "en")
+    for line in (
+        "..[111 111 111 111 111 111 111 111 111 111 111]",
+        "A.[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12] B",
+    ):
+        start = time.perf_counter()
+        (out,) = translator.translate_nbest([line])
+        assert time.perf_counter() - start < 2
+        assert sorted(out[0][0].replace(" ", "")) == sorted(line.replace(" ", ""))  # nothing lost
+
+
+def test_html_is_linear_in_its_tags():
+    """26,000 nested tags took minutes (each end tag looked through the open ones, each span was placed
+    against every other): they come back around the translation, in about a second."""
+    for fragment, line in [
+        ("<b>" * 26000 + "a" + "</b>" * 26000, "a"),
+        ("<b>" * 26000 + "</i>" * 26000, None),
+        ("<i>a</i> " * 5000, None),
+        ("x <img> " * 5000, None),
+    ]:
+        start = time.perf_counter()
+        doc = Document(fragment)
+        lines = doc.lines()
+        out = doc.join([reverse(s) for s in lines], reversal)
+        assert time.perf_counter() - start < 10
+        assert sorted(visible(out).split()) == sorted(visible(fragment).split())
+        markup = [t.raw for t in tokens(fragment) if t.kind not in ("text", "rawtext")]
+        assert sorted(t.raw for t in tokens(out) if t.kind not in ("text", "rawtext")) == sorted(markup)
+        if line is not None:
+            assert lines == [line]

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from nmt.serve.documents import document
-from nmt.serve.kept import kept_spans, spans_in
+from nmt.serve.markup import Document
 from nmt.translate.terminology import glossary_of
 
 from .test_serve import Server, libre
@@ -17,16 +17,34 @@ from .test_translate import checkpoint, sentences  # noqa: F401 (checkpoint: a f
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def test_kept_spans_are_the_texts_of_translate_no_and_notranslate_elements():
+def test_kept_elements_are_translate_no_and_notranslate_quoted_or_not_and_never_reach_the_model():
     html = (
         '<p>Press <span translate="no">Ctrl  S</span> in <b class="ui notranslate">My <i>App</i></b>'
-        '<br><span translate="yes">free</span> <em translate="NO"></em></p>'
+        "<br><span translate=yes>free</span> <em translate=NO></em> <i class=notranslate>Kept</i>"
+        " <u class='a notranslate'>Too</u></p>"
     )
-    assert kept_spans(html) == ["Ctrl S", "My App"]
-    # the markup keeps those elements byte for byte: their texts never reach the model as words to translate
-    lines = document(html, "html", "en", True).lines
-    assert lines and [spans_in(line, kept_spans(html)) for line in lines] == [[] for _ in lines]
-    assert spans_in("Open My App, then My App again", ["My App"]) == ["My App", "My App"]
+    doc = Document(html)
+    assert doc.kept == [
+        '<span translate="no">Ctrl  S</span>',
+        '<b class="ui notranslate">My <i>App</i></b>',
+        "<em translate=NO></em>",
+        "<i class=notranslate>Kept</i>",
+        "<u class='a notranslate'>Too</u>",
+    ]
+    # the markup keeps those elements byte for byte: their texts never reach the model as words
+    text = " ".join(doc.lines())
+    assert "free" in text and not any(w in text for w in ("Ctrl", "App", "Kept", "Too"))
+
+
+def test_a_kept_span_holds_only_its_own_text_not_the_same_words_elsewhere():
+    """`<p>A dog and <span class="notranslate">A dog</span></p>`: the span is kept; the other "A dog" is
+    the model's to translate, with no constraint to copy it."""
+    html = '<p>A dog and <span class="notranslate">A dog</span></p>'
+    item = document(html, "html", "en", True)
+    assert item.lines == ["A dog and"]
+    assert not item.kept  # no copy constraint: it would land on the other "A dog", the one to translate
+    out = item.join(["Ein Hund und"])
+    assert out == '<p>Ein Hund und <span class="notranslate">A dog</span></p>'
 
 
 @pytest.fixture(scope="module")

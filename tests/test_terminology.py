@@ -4,6 +4,7 @@ lines without a match come out as they would without a glossary."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from nmt.errors import NmtError
 from nmt.subword import train_sentencepiece
 from nmt.translate import Translator
 from nmt.translate.terminology import (
+    MAX_TERMS,
     Glossary,
     Terminology,
     entry,
@@ -43,6 +45,54 @@ def test_matching_is_whole_words_any_case_longest_first_without_overlaps():
     # terms that end in punctuation: a word may not continue right after them
     assert [offset for _, offset in glossary(("C++", "C++")).matches("C++ or c++x")] == [0]
     assert glossary().matches("anything") == []
+
+
+def test_terms_and_text_are_normalised_alike_nfc_then_casefold():
+    # the dotless i: re.IGNORECASE took "bıke" for "bike", then the casefolded lookup raised KeyError
+    assert glossary(("bike", "Velo")).matches("A man rides a bıke.") == []
+    assert [o for _, o in glossary(("bike", "Velo")).matches("A man rides a BIKE.")] == [14]
+    # composed and decomposed letters, and casefolding (ß: ss) are one form on both sides
+    assert len(glossary(("caf\u00e9", "x")).matches("Un cafe\u0301 noir")) == 1
+    assert len(glossary(("cafe\u0301", "x")).matches("Un CAF\u00c9 noir")) == 1
+    assert len(glossary(("Straße", "x")).matches("die STRASSE")) == 1
+    with pytest.raises(NmtError, match=r"test\[1\]: .* contradicts test\[0\]"):
+        glossary(("caf\u00e9", "x"), ("CAFE\u0301", "y"))
+
+
+def test_a_large_glossary_matches_in_time_linear_in_the_line():
+    big = Glossary([entry(f"term{i} word{i % 7}", f"T{i}", f"test[{i}]") for i in range(100_000)])
+    line = "the term5 word5 and term77 word0, not term77 word1 " * 4
+    start = time.perf_counter()
+    for _ in range(100):
+        found = big.matches(line)
+    assert time.perf_counter() - start < 1.0  # a regex alternating 100,000 entries took seconds a line
+    assert [e.target for e, _ in found] == ["T5", "T77"] * 4
+    # a request's glossary over it: its entries win, the others still match
+    both = big.merged(glossary(("term5 word5", "X")))
+    assert [e.target for e, _ in both.matches(line)] == ["X", "T77"] * 4 and len(both) == 100_000
+
+
+def test_a_line_with_too_many_terms_is_refused_in_one_line():
+    g = glossary(("bike", "Velo"))
+    assert len(g.matches("bike " * MAX_TERMS)) == MAX_TERMS
+    with pytest.raises(NmtError, match=rf"a line holds 300 glossary terms; at most {MAX_TERMS}"):
+        g.matches("bike " * 300)
+
+
+def test_targets_the_vocabulary_cannot_write_are_refused_when_read(loaded):
+    _, sub, _ = loaded
+    writable = sub.decode([sub.encode_target(["a"])[0]])[0]
+    Terminology(sub, 64, glossary(("x", writable)))
+    for target, message in [
+        ("\U0001f6b2", "which the model's vocabulary cannot write"),
+        ("\u200b", "is nothing the model can write"),
+        ("\x01", "is nothing the model can write"),
+    ]:
+        with pytest.raises(NmtError, match=rf"test\[1\]: the target .*{message}"):
+            Terminology(sub, 64, glossary(("x", writable), ("bike", target)))
+        terms = Terminology(sub, 64)
+        with pytest.raises(NmtError, match=rf"test\[0\]: the target .*{message}"):
+            terms.apply({0: "a bike"}, glossary(("bike", target)))
 
 
 def test_glossary_files_and_fields_report_the_bad_entry(tmp_path):
@@ -188,6 +238,11 @@ def test_a_bad_glossary_line_exits_2_naming_file_and_line(checkpoint, tmp_path):
     assert missing.exit_code == 2 and "none.txt: cannot read the avoid list" in missing.stderr
     sampled = invoke("-m", str(checkpoint), "--glossary", str(Path(terms)), "--sampling", stdin=b"a\n")
     assert sampled.exit_code == 2 and "not with --sampling" in sampled.stderr
+    terms.write_text("cat\t\U0001f6b2\n")
+    unwritable = invoke("-m", str(checkpoint), "--glossary", str(terms), stdin=b"a cat\n")
+    assert unwritable.exit_code == 2 and result.stdout == "" and "Traceback" not in unwritable.output
+    assert f"{terms} line 1: the target" in unwritable.stderr
+    assert len(unwritable.stderr.strip().splitlines()) == 1
 
 
 def test_the_ctranslate2_engine_and_sampling_refuse_a_glossary_in_one_line(loaded):

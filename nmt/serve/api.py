@@ -1,5 +1,11 @@
 """What the routes do, apart from HTTP: LibreTranslate's and OpenNMT-py's request formats, validated
-completely and encoded into subwords before anything reaches the model worker."""
+completely and encoded into subwords before anything reaches the model worker.
+
+Everything a request costs in proportion to its text (detection, sentence splitting, markup, encoding,
+glossary matching, placing the markup again) runs in a thread, never on the event loop that serves every
+client, and under the request's Deadline (--timeout from its arrival): each step is linear in the text
+and checks the deadline between its pieces, so a late or abandoned request (its client gone, the server
+shutting down) stops at the next piece instead of running on."""
 
 from __future__ import annotations
 
@@ -10,8 +16,7 @@ from dataclasses import dataclass
 from nmt.errors import NmtError
 from nmt.serve.batcher import Batcher, QueueFull
 from nmt.serve.detect import Detector
-from nmt.serve.documents import aligner, document
-from nmt.serve.kept import spans_in
+from nmt.serve.documents import aligner, document, readable
 from nmt.serve.settings import HTTPError, ServeSettings, accept
 from nmt.translate.frontend import rows_per_sentence
 
@@ -42,6 +47,33 @@ def nth(lines: list[list[tuple[str, float]]], k: int) -> list[str]:
     return [hyps[min(k, len(hyps) - 1)][0] for hyps in lines]
 
 
+class Deadline:
+    """A request's time limit and its cancellation, checked by its steps between their pieces. Made and
+    stopped on the event loop; checked from the request's thread."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.at = time.monotonic() + seconds
+        self.stopped: str | None = None  # why it was called off, if it was
+        self.called_off = asyncio.get_running_loop().create_future()  # done when stopped
+
+    def left(self) -> float:
+        return self.at - time.monotonic()
+
+    def stop(self, why: str) -> None:
+        if self.stopped is None:
+            self.stopped = why
+            if not self.called_off.done():
+                self.called_off.set_result(None)
+
+    def check(self) -> None:
+        """Raise the request's answer if it is called off (503) or out of time (504)."""
+        if self.stopped is not None:
+            raise HTTPError(503, self.stopped, {"Retry-After": "1"})
+        if self.left() <= 0:
+            raise HTTPError(504, f"no translation within {self.seconds:g} s; try a smaller request")
+
+
 @dataclass
 class Text:
     """One text of a request: its lines to translate, and how to put the translations together."""
@@ -66,6 +98,38 @@ class Service:
 
         # glossaries: the server's own (--glossary), and a request's added to it; None: the engine takes none
         self.terminology = server_terminology(batcher.translator)
+        self.running: set[Deadline] = set()  # the requests with work in a thread
+
+    def deadline(self) -> Deadline:
+        return Deadline(self.settings.timeout)
+
+    async def off_loop(self, deadline: Deadline, work, *args):
+        """`work(*args)` in a thread, within the deadline. The request is answered as soon as the deadline
+        passes or it is called off (504, 503), whatever the thread is doing; the thread is told to stop
+        and does so at its next check."""
+        deadline.check()
+        self.running.add(deadline)
+        task = asyncio.ensure_future(asyncio.to_thread(work, *args))
+        try:
+            await asyncio.wait(
+                [task, deadline.called_off],
+                timeout=max(0.0, deadline.left()),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            if task.done():
+                return task.result()
+            deadline.check()  # called off: 503
+            raise HTTPError(504, f"no translation within {self.settings.timeout:g} s; try a smaller request")
+        finally:
+            self.running.discard(deadline)
+            if not task.done():  # late, called off, or the request given up (its task cancelled)
+                deadline.stop("given up")
+                task.cancel()
+
+    def stop(self) -> None:
+        """The server is shutting down: every request still being prepared or put together answers 503."""
+        for deadline in list(self.running):
+            deadline.stop("the server is shutting down")
 
     @property
     def decode(self):
@@ -89,50 +153,47 @@ class Service:
         return encoded.sources, len(lines), truncated
 
     def constraints(self, texts: list[Text], sources: dict[int, list[int]], glossary) -> dict | None:
-        """The terms of each line that has any: the server's glossary, the request's (`glossary`, a list of
-        {"source", "target"}), and the kept spans of HTML; an entry that cannot be obeyed is a 422."""
-        kept = any(t.kept for t in texts)
+        """The terms of each line that has any: the server's glossary and the request's (`glossary`, a list
+        of {"source", "target"}); an entry that cannot be obeyed is a 422."""
         if self.terminology is None:
             if glossary is not None:
                 raise HTTPError(422, '"glossary": this server takes none (it needs --engine torch)')
             return None
-        if glossary is None and not kept and not self.terminology.active:
+        if glossary is None and not self.terminology.active:
             return None
         from nmt.translate.terminology import glossary_of
 
         lines = [line for t in texts for line in t.lines]
-        spans = [t.kept or [] for t in texts for _ in t.lines]
         try:
             extra = glossary_of(glossary) if glossary is not None else None
-            return self.terminology.apply(
-                {i: lines[i] for i in sources}, extra, {i: spans_in(lines[i], spans[i]) for i in sources}
-            )
+            return self.terminology.apply({i: lines[i] for i in sources}, extra)
         except NmtError as e:
             raise HTTPError(422, str(e)) from None
 
+    def prepare(self, texts: list[Text], glossary) -> tuple[dict, int, list[list[int]], dict | None]:
+        """Encode, and find each line's terms: in the request's thread."""
+        sources, count, truncated = self.encode(texts)
+        return sources, count, truncated, self.constraints(texts, sources, glossary)
+
     async def translate(
-        self, texts: list[Text], nbest: int, glossary=None
+        self, texts: list[Text], nbest: int, glossary=None, deadline: Deadline | None = None
     ) -> tuple[list[list], list[list[int]]]:
         """For each text, its lines' n-best lists of (translation, score); and its truncated line numbers.
         `glossary`: the request's own terms, if any."""
+        deadline = deadline or self.deadline()
         size = sum(len(line) for t in texts for line in t.lines)
         if size > self.settings.max_chars:
             raise HTTPError(
                 413, f"{size} characters of text; this server takes at most {self.settings.max_chars}"
             )
-        if size > 2000:  # milliseconds of subword encoding: off the event loop, which serves everyone
-            sources, count, truncated = await asyncio.to_thread(self.encode, texts)
-        else:  # microseconds: a hand-off to a thread would cost more than it saves
-            sources, count, truncated = self.encode(texts)
-        terms = self.constraints(texts, sources, glossary)
+        sources, count, truncated, terms = await self.off_loop(deadline, self.prepare, texts, glossary)
         accept()  # read, validated and encoded: what goes wrong from here on is the server's
-        deadline = time.monotonic() + self.settings.timeout
         try:
-            job = self.batcher.submit(sources, count, nbest, deadline, constraints=terms)
+            job = self.batcher.submit(sources, count, nbest, deadline.at, constraints=terms)
         except QueueFull as e:
             raise HTTPError(503, f"busy: {e}; try again shortly", {"Retry-After": "1"}) from None
         try:
-            results = await asyncio.wait_for(asyncio.wrap_future(job.future), deadline - time.monotonic())
+            results = await asyncio.wait_for(asyncio.wrap_future(job.future), max(0.0, deadline.left()))
         except (TimeoutError, asyncio.TimeoutError):
             raise HTTPError(
                 504, f"no translation within {self.settings.timeout:g} s; try a smaller request"
@@ -192,15 +253,13 @@ class Service:
         split = body.get("split_sentences", True)  # nmt's own field: false sends each line whole
         if not isinstance(split, bool):
             raise HTTPError(422, f'"split_sentences" must be true or false, got {split!r}')
-        detections = [self.detected(t) for t in texts] if source == "auto" else None
-        items = [document(t, fmt, self.src, split) for t in texts]
+        deadline = self.deadline()
+        detections, items = await self.off_loop(deadline, self.documents, texts, fmt, split, source, deadline)
         nbest = 1 + alternatives
-        results, truncated = await self.translate(items, nbest, body.get("glossary"))
+        results, truncated = await self.translate(items, nbest, body.get("glossary"), deadline)
         answers = [[nth(r, k) for k in range(nbest)] for r in results]
-        if fmt == "html":  # the markup placed by the model's attention: a forward pass per sentence
-            joined = await asyncio.to_thread(self.join_all, items, answers)
-        else:
-            joined = self.join_all(items, answers)
+        # the markup placed by the model's attention (a forward pass per sentence), sentences joined
+        joined = await self.off_loop(deadline, self.join_all, items, answers, deadline)
         answer: dict = {"translatedText": joined[0][0] if single else [j[0] for j in joined]}
         if detections is not None:
             detected = [d.answer() for d in detections]
@@ -212,10 +271,38 @@ class Service:
             answer["truncated"] = truncated[0] if single else truncated
         return answer
 
-    def join_all(self, items, answers: list[list[list[str]]]) -> list[list[str]]:
+    def documents(self, texts: list[str], fmt: str, split: bool, source: str, deadline: Deadline):
+        """Each text's detected language (source "auto"; else None) and its sentences: in a thread."""
+        detections = None
+        if source == "auto":
+            detections = []
+            for t in texts:
+                deadline.check()
+                detections.append(self.detected(readable(t, fmt, deadline.check)))
+        items, size = [], 0
+
+        def limit(chars: int) -> None:  # a lower bound of the text's size, known before it is split
+            nonlocal size
+            size += chars
+            if size > self.settings.max_chars:
+                raise HTTPError(
+                    413,
+                    f"{size} characters of text or more; this server takes at most {self.settings.max_chars}",
+                )
+
+        for t in texts:
+            deadline.check()
+            items.append(document(t, fmt, self.src, split, deadline.check, limit))
+        return detections, items
+
+    def join_all(self, items, answers: list[list[list[str]]], deadline: Deadline) -> list[list[str]]:
         """Each text's translation and alternatives put together (markup placed, sentences joined)."""
         align = self.aligner.align if self.aligner is not None else None
-        return [[item.join(a, align) for a in ans] for item, ans in zip(items, answers, strict=True)]
+        out = []
+        for item, ans in zip(items, answers, strict=True):
+            deadline.check()
+            out.append([item.join(a, align) for a in ans])
+        return out
 
     def detected(self, text: str):
         """The language of a text sent with source "auto"; 400 when it is surely not the model's."""
@@ -228,9 +315,9 @@ class Service:
             )
         return d
 
-    def detect(self, body) -> list:
+    async def detect(self, body) -> list:
         texts, _, _ = self.fields({**body, "source": "auto"} if isinstance(body, dict) else body)
-        d = self.detector.detect("\n".join(texts))
+        d = await self.off_loop(self.deadline(), self.detector.detect, "\n".join(texts))
         return [{"confidence": round(d.confidence, 1), "language": d.detected}]
 
     async def opennmt(self, body) -> list:

@@ -6,6 +6,15 @@ lingua-language-detector also named 900 but weighs 96 MB installed, loads its mo
 a sentence. A text is taken as confidently in a language when the normalised probability is at least
 CONFIDENT and it has at least MIN_LETTERS letters; anything shorter or less sure is taken as the model's
 source language, with the detector's own confidence reported.
+
+The detector's probability is calibrated for a sentence (its softmax is tempered by the square root of the
+length), so over a whole long text it falls: German "Ein Hund läuft im Park " x n scored 93% at 69
+characters and 3% at 115 KB. A text is therefore classified by a bounded sample: its visible words (no
+markup), whitespace collapsed, and of a text longer than WINDOW characters, WINDOWS windows of about
+WINDOW characters spread over it (cut at spaces), each classified alone; the probabilities are averaged
+per language and the best one's is reported as it is. With 120-character windows, 50 of 50 texts of 20
+Multi30k test sentences (in each of EN, DE, FR) were named right with at least 98.6%, and the German above
+at any length with 91%; the cost is at most WINDOWS classifications of WINDOW characters.
 """
 
 from __future__ import annotations
@@ -16,6 +25,26 @@ from functools import cached_property
 
 CONFIDENT = 0.90  # a probability over 97 languages: Multi30k sentences score 0.95-1.00 in their language
 MIN_LETTERS = 12  # "a b c", "Hello": too little text for any detector to be trusted
+WINDOW = 120  # characters of one classified window: about a sentence, what the detector is calibrated on
+WINDOWS = 8  # windows of a longer text
+
+
+def sample(text: str) -> list[str]:
+    """The windows of `text` that are classified: all of it when short, else WINDOWS spread over it."""
+    text = " ".join(text.split())
+    if len(text) <= WINDOW:
+        return [text]
+    step = (len(text) - WINDOW) / (WINDOWS - 1)
+    out = []
+    for k in range(WINDOWS):
+        at = int(k * step)
+        window = text[at : at + WINDOW]
+        if at and " " in window:  # no word cut at either end
+            window = window.split(" ", 1)[1]
+        if at + WINDOW < len(text) and " " in window:
+            window = window.rsplit(" ", 1)[0]
+        out.append(window)
+    return out
 
 
 @dataclass(frozen=True)
@@ -50,8 +79,15 @@ class Detector:
             return langid.LanguageIdentifier.from_model_file(langid.MODEL_FILE, norm_probs=True)
 
     def detect(self, text: str) -> Detection:
-        language, probability = self.identifier.classify(text)
-        letters = sum(c.isalpha() for c in text)
+        """The language of `text` (plain text: markup already taken out), from a bounded sample of it."""
+        windows = sample(text)
+        total: dict[str, float] = {}
+        for window in windows:
+            for language, p in self.identifier.rank(window):
+                total[language] = total.get(language, 0.0) + p / len(windows)
+        language = max(total, key=total.get)
+        probability = total[language]
+        letters = sum(c.isalpha() for c in "".join(windows))
         sure = probability >= CONFIDENT and letters >= MIN_LETTERS
         if sure:
             return Detection(language, 100 * probability, language, True)

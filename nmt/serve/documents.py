@@ -1,12 +1,13 @@
 """What a LibreTranslate text becomes before the model sees it: its sentences (format "text": each line cut
 into sentences, the spacing kept) or its HTML blocks' sentences (format "html", nmt.serve.markup), and how
-the translations are put back together."""
+the translations are put back together. `check` is a request's deadline, called between steps."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from nmt.sentences import join_sentences, split_sentences
-from nmt.serve.kept import kept_spans
-from nmt.serve.markup import Document
+from nmt.serve.markup import Document, spacing, visible_text
 
 
 class PlainText:
@@ -14,12 +15,21 @@ class PlainText:
 
     kept = None  # no markup: nothing marked to stay as it is
 
-    def __init__(self, text: str, language: str, split: bool):
+    def __init__(
+        self,
+        text: str,
+        language: str,
+        split: bool,
+        check: Callable[[], None] | None = None,
+        limit: Callable[[int], None] | None = None,
+    ):
         self.pieces: list[tuple[list[str], list[str]]] = []  # per line: (sentences, spacing around them)
+        if limit is not None:  # every character but spacing reaches the model
+            limit(len(text) - spacing(text))
         for line in text.split("\n"):
             line = line.removesuffix("\r")
             if split:
-                self.pieces.append(split_sentences(line, language))
+                self.pieces.append(split_sentences(line, language, check))
             else:
                 self.pieces.append(([line], ["", ""]))
         self.lines = [s for sentences, _ in self.pieces for s in sentences]
@@ -30,22 +40,44 @@ class PlainText:
 
 
 class HtmlText:
-    """An HTML fragment's sentences, its markup placed again by word alignment."""
+    """An HTML fragment's sentences, its markup placed again by word alignment. Its translate="no"
+    elements are copied by the markup itself and never reach the model: nothing else is held to them."""
 
     needs_alignment = True
+    kept = None
 
-    def __init__(self, text: str, language: str, split: bool):
-        self.document = Document(text, language, split)
-        # translate="no" texts: copied by the markup itself, and by the search wherever a sentence holds one
-        self.kept = kept_spans(text)
+    def __init__(
+        self,
+        text: str,
+        language: str,
+        split: bool,
+        check: Callable[[], None] | None = None,
+        limit: Callable[[int], None] | None = None,
+    ):
+        self.document = Document(text, language, split, check, limit)
         self.lines = self.document.lines()
 
     def join(self, translations: list[str], align=None) -> str:
         return self.document.join(translations, align)
 
 
-def document(text: str, fmt: str, language: str, split: bool) -> PlainText | HtmlText:
-    return HtmlText(text, language, split) if fmt == "html" else PlainText(text, language, split)
+def document(
+    text: str,
+    fmt: str,
+    language: str,
+    split: bool,
+    check: Callable[[], None] | None = None,
+    limit: Callable[[int], None] | None = None,
+) -> PlainText | HtmlText:
+    """A text's sentences. `check`: called between steps (a deadline); `limit`: called with the characters
+    other than spacing to translate, before the costly step (sentence splitting), to refuse too many."""
+    kind = HtmlText if fmt == "html" else PlainText
+    return kind(text, language, split, check, limit)
+
+
+def readable(text: str, fmt: str, check: Callable[[], None] | None = None) -> str:
+    """What language detection reads of a text: an HTML fragment's visible words, a plain text as it is."""
+    return visible_text(text, check) if fmt == "html" else text
 
 
 def aligner(translator):

@@ -250,7 +250,7 @@ def build_app(service: Service, settings: ServeSettings, metrics: Metrics, conso
     routes = [
         Route("/", page, methods=["GET"]),
         Route("/translate", post(service.libretranslate), methods=["POST"]),
-        Route("/detect", post(service.detect, is_async=False), methods=["POST"]),
+        Route("/detect", post(service.detect), methods=["POST"]),
         Route("/translator/translate", post(service.opennmt), methods=["POST"]),
         Route("/languages", get(service.languages), methods=["GET"]),
         Route("/frontend/settings", get(service.frontend_settings), methods=["GET"]),
@@ -333,16 +333,16 @@ def server_class():
     import uvicorn
 
     class Server(uvicorn.Server):
-        def __init__(self, config, console: Console, batcher: Batcher, shutdown_timeout: float):
+        def __init__(self, config, console: Console, stop_work, shutdown_timeout: float):
             super().__init__(config)
-            self.console, self.batcher, self.shutdown_timeout = console, batcher, shutdown_timeout
+            self.console, self.stop_work, self.shutdown_timeout = console, stop_work, shutdown_timeout
             self.signalled = None
 
         async def shutdown(self, sockets=None) -> None:
             stop_worker, _ = shutdown_times(self.shutdown_timeout)
             start = self.signalled or time.monotonic()
             delay = max(0.0, start + stop_worker - time.monotonic())
-            timer = asyncio.get_running_loop().call_later(delay, self.batcher.stop)
+            timer = asyncio.get_running_loop().call_later(delay, self.stop_work)
             try:
                 await super().shutdown(sockets)
             finally:
@@ -420,6 +420,7 @@ def serve(
     metrics = Metrics(ROUTES)
     batcher = Batcher(built.translator, settings, metrics, console)
     service = Service(batcher, built.src_lang, built.tgt_lang, settings, str(model_path))
+    _ = service.detector.identifier  # loaded now (about a second), not in the first request's deadline
     app = build_app(service, settings, metrics, console)
     config = uvicorn.Config(
         app,
@@ -433,7 +434,12 @@ def serve(
         timeout_graceful_shutdown=shutdown_times(settings.shutdown_timeout)[1],
         server_header=False,
     )
-    server = server_class()(config, console, batcher, settings.shutdown_timeout)
+
+    def stop_work() -> None:  # the model worker, and the requests being prepared in threads: 503 now
+        batcher.stop()
+        service.stop()
+
+    server = server_class()(config, console, stop_work, settings.shutdown_timeout)
     decode = built.decode
     console.print(
         f"serving {model_path} ({service.src} -> {service.tgt}) on http://{host}:{sock.getsockname()[1]} "

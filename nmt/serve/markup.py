@@ -9,13 +9,21 @@ Block-level tags (p, div, li, td, br, ... anything not in INLINE) separate block
 into sentences, each translated whole, and the inline elements inside it (b, i, a, span, ...) are put back
 around the target words aligned to the source words they wrapped (nmt.translate.align; without a model's
 attention, by relative position). Elements kept byte for byte: VERBATIM ones (script, style, pre,
-textarea, ...), and any with translate="no" or class="notranslate"; `kept_spans` lists them.
+textarea, ...), and any with translate="no" or class="notranslate" (quoted or not: `attributes` reads a
+tag as a browser does); their text never reaches the model, so nothing else in a sentence is held to it.
+
+Every step is linear in the fragment (or n log n): the tokenizer reads each character once, the open
+inline tags are counted by name, and a block with more than ALIGNED_TAGS inline tags and markers has them
+placed by relative position (a monotone map, which keeps their tree a tree without comparing each tag
+with the others) rather than one by one through the alignment.
 """
 
 from __future__ import annotations
 
 import html
 import re
+from bisect import bisect_left, bisect_right
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -33,11 +41,12 @@ VOID = {
     "area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "param", "source", "track",
     "wbr",
 }  # fmt: skip
-NO_TRANSLATE = re.compile(
-    r"""\stranslate\s*=\s*["']?no\b|\sclass\s*=\s*["'][^"']*\bnotranslate\b""", re.IGNORECASE
-)
+ALIGNED_TAGS = 64  # inline tags and markers of a block placed one by one through the alignment; more:
+# by relative position (placing each against the others already placed is quadratic in their number)
+ATTRIBUTE = re.compile(r"""([^\s/>"'=]+)(?:\s*=\s*("[^"]*"?|'[^']*'?|[^\s>]*))?""")
 TAG_NAME = re.compile(r"</?([A-Za-z][^\s/>]*)")
 WORD = re.compile(r"\S+")
+SPACING = re.compile(r"\s+")
 
 
 @dataclass
@@ -48,6 +57,32 @@ class Token:
     kind: str
     raw: str
     name: str = ""
+
+    @property
+    def kept(self) -> bool:
+        """A start or self-closing tag with translate="no", or "notranslate" among its classes."""
+        return self.kind in ("start", "self") and is_kept(attributes(self.raw))
+
+
+def attributes(raw: str) -> dict[str, str]:
+    """A tag's attributes as a browser reads them: names in lower case, values quoted with " or ' or not
+    quoted at all, entities decoded; the first of a repeated name wins."""
+    name = TAG_NAME.match(raw)
+    body = raw[name.end() if name else 0 :].removesuffix(">")
+    out: dict[str, str] = {}
+    for m in ATTRIBUTE.finditer(body):
+        value = m.group(2) or ""
+        if value[:1] in ("'", '"'):
+            value = value[1:].removesuffix(value[0])
+        out.setdefault(m.group(1).lower(), html.unescape(value))
+    return out
+
+
+def is_kept(attrs: dict[str, str]) -> bool:
+    """translate="no" (HTML's), or "notranslate" among the classes (Google's)."""
+    if attrs.get("translate", "").strip().lower() == "no":
+        return True
+    return "notranslate" in attrs.get("class", "").split()
 
 
 def tag_end(text: str, at: int) -> int:
@@ -65,8 +100,9 @@ def tag_end(text: str, at: int) -> int:
     return -1
 
 
-def tokens(text: str) -> list[Token]:
-    """The fragment as tokens whose raw strings, joined, are the fragment itself."""
+def tokens(text: str, check: Callable[[], None] | None = None) -> list[Token]:
+    """The fragment as tokens whose raw strings, joined, are the fragment itself. `check` is called every
+    1024 tokens (a request's deadline: it raises to stop)."""
     out: list[Token] = []
     i, n, plain = 0, len(text), 0
 
@@ -97,6 +133,8 @@ def tokens(text: str) -> list[Token]:
             i = j + 1
             continue
         flush(j)
+        if check is not None and len(out) % 1024 < 2:
+            check()
         raw = text[j:end]
         name = ""
         if kind in ("start", "end"):
@@ -106,13 +144,19 @@ def tokens(text: str) -> list[Token]:
         out.append(Token(kind, raw, name))
         i = plain = end
         if kind == "start" and name in RAW_TEXT:  # its content is text to no parser: up to </name
-            close = re.compile(rf"</{re.escape(name)}[\s/>]", re.IGNORECASE).search(text + " ", end)
+            close = re.compile(rf"</{re.escape(name)}(?:[\s/>]|$)", re.IGNORECASE).search(text, end)
             stop = close.start() if close else n
             if stop > end:
                 out.append(Token("rawtext", text[end:stop]))
             i = plain = stop
     flush(n)
     return out
+
+
+def visible_text(fragment: str, check: Callable[[], None] | None = None) -> str:
+    """The text a reader sees in a fragment: its text tokens, entities decoded (no tags, attributes,
+    scripts or styles), each token apart from the next: what language detection reads."""
+    return " ".join(html.unescape(t.raw) for t in tokens(fragment, check) if t.kind == "text")
 
 
 @dataclass
@@ -131,7 +175,9 @@ class Span:
 class Block:
     """A run of text and inline markup between block boundaries."""
 
-    text: str = ""  # the decoded text
+    text: str = ""  # the decoded text (set from `parts` when the block ends)
+    parts: list[str] = field(default_factory=list)  # the decoded text as it was read
+    size: int = 0  # characters read so far
     spans: list[Span] = field(default_factory=list)
     markers: list[tuple[int, str]] = field(default_factory=list)  # markup at a place, wrapping nothing
     sentences: list[tuple[int, int]] = field(default_factory=list)  # set by Document.__init__
@@ -142,6 +188,11 @@ class Block:
         return any(c.isalnum() for c in self.text)
 
 
+def spacing(text: str) -> int:
+    """How many whitespace characters `text` holds."""
+    return sum(map(len, SPACING.findall(text)))
+
+
 def sentence_line(text: str) -> str:
     """A sentence as the model gets it: its whitespace (newlines included) collapsed."""
     return " ".join(text.split())
@@ -150,15 +201,29 @@ def sentence_line(text: str) -> str:
 class Document:
     """A fragment as verbatim markup (str) and blocks (Block), in order."""
 
-    def __init__(self, text: str, language: str = "en", split: bool = True):
+    def __init__(
+        self,
+        text: str,
+        language: str = "en",
+        split: bool = True,
+        check: Callable[[], None] | None = None,
+        limit: Callable[[int], None] | None = None,
+    ):
+        """`check` is called between steps (a request's deadline: it raises to stop); `limit`, before the
+        sentences are split, with the number of characters other than spacing there is to translate (a
+        server's --max-chars: it raises to refuse)."""
         self.parts: list[str | Block] = []
         self.kept: list[str] = []  # the verbatim elements, each whole (translate="no" and the like)
-        self.build(tokens(text))
+        self.check = check or (lambda: None)
+        self.build(tokens(text, self.check))
+        if limit is not None:
+            limit(sum(len(b.text) - spacing(b.text) for b in self.blocks if b.translatable))
         for block in self.blocks:
+            self.check()
             if not block.translatable:
                 continue
             if split:
-                block.sentences = sentence_spans(block.text, language)
+                block.sentences = sentence_spans(block.text, language, self.check)
             else:
                 stripped = block.text.strip()
                 start = block.text.find(stripped)
@@ -171,14 +236,17 @@ class Document:
     def build(self, toks: list[Token]) -> None:
         block: Block | None = None
         stack: list[tuple[str, int, int]] = []  # open inline tags of this block: (name, token index, start)
+        open_names: Counter[str] = Counter()  # how many of each name the stack holds
 
         def end_block() -> None:
             nonlocal block
             if block is not None:
                 for _, index, start in stack:  # never closed in the block: a marker where it was
                     block.markers.append((start, toks[index].raw))
+                block.text = "".join(block.parts)
                 self.parts.append(block)
             block, stack[:] = None, []
+            open_names.clear()
 
         def current() -> Block:
             nonlocal block
@@ -188,8 +256,10 @@ class Document:
 
         i = 0
         while i < len(toks):
+            if i % 1024 == 0:
+                self.check()
             t = toks[i]
-            if t.kind == "start" and (t.name in VERBATIM or NO_TRANSLATE.search(t.raw)):
+            if t.kind == "start" and (t.name in VERBATIM or t.kept):
                 j, depth = i + 1, 1  # the whole element, kept as it is
                 while j < len(toks) and depth:
                     u = toks[j]
@@ -198,30 +268,34 @@ class Document:
                 raw = "".join(u.raw for u in toks[i:j])
                 self.kept.append(raw)
                 if t.name in INLINE and block is not None:
-                    block.markers.append((len(block.text), raw))
+                    block.markers.append((block.size, raw))
                     block.raw.append(raw)
                 else:
                     end_block()
                     self.parts.append(raw)
                 i = j
                 continue
-            if t.kind == "self" and NO_TRANSLATE.search(t.raw):
+            if t.kind == "self" and t.kept:
                 self.kept.append(t.raw)
             if t.kind in ("text", "rawtext"):
                 b = current()
-                b.text += html.unescape(t.raw)
+                decoded = html.unescape(t.raw)
+                b.parts.append(decoded)
+                b.size += len(decoded)
                 b.raw.append(t.raw)
             elif t.kind == "start" and t.name in INLINE:
                 b = current()
-                stack.append((t.name, i, len(b.text)))
+                stack.append((t.name, i, b.size))
+                open_names[t.name] += 1
                 b.raw.append(t.raw)
-            elif t.kind == "end" and t.name in INLINE and any(name == t.name for name, _, _ in stack):
+            elif t.kind == "end" and t.name in INLINE and open_names[t.name]:
                 b = current()
                 b.raw.append(t.raw)
                 while stack:
                     name, index, start = stack.pop()
+                    open_names[name] -= 1
                     if name == t.name:
-                        b.spans.append(Span(toks[index].raw, t.raw, start, len(b.text), len(stack), index))
+                        b.spans.append(Span(toks[index].raw, t.raw, start, b.size, len(stack), index))
                         break
                     b.markers.append((start, toks[index].raw))  # an inner tag never closed
             elif t.kind in ("self", "comment", "cdata", "decl", "end") and (
@@ -230,7 +304,7 @@ class Document:
                 if block is None:
                     self.parts.append(t.raw)
                 else:
-                    block.markers.append((len(block.text), t.raw))
+                    block.markers.append((block.size, t.raw))
                     block.raw.append(t.raw)
             else:  # a block boundary (any other tag), or markup outside a block
                 end_block()
@@ -253,6 +327,7 @@ class Document:
             elif not part.sentences:  # nothing to translate (spacing, punctuation): as it came
                 out.append("".join(part.raw))
             else:
+                self.check()
                 out.append(place(part, [next(it) for _ in part.sentences], align))
         return "".join(out)
 
@@ -274,6 +349,8 @@ def place(block: Block, translations: list[str], align) -> str:
         at = e
     pieces.append(src[at:])
     tgt = "".join(pieces)
+    if len(block.spans) + len(block.markers) > ALIGNED_TAGS:
+        return render(tgt, by_position(block, tgt, spans_t))
     # Source word -> target words, sentence by sentence, in block offsets.
     src_words: list[tuple[int, int]] = []
     aligned: list[list[tuple[int, int]]] = []  # per source word: target word ranges
@@ -342,6 +419,40 @@ def place(block: Block, translations: list[str], align) -> str:
     for k, (pos, raw) in enumerate(block.markers):
         inserts.append((where(pos), 1, -1_000_000 + k, raw))
     return render(tgt, inserts)
+
+
+def by_position(block: Block, tgt: str, spans_t: list[tuple[int, int]]) -> list[tuple[int, int, int, str]]:
+    """A block's markup placed by relative position: a place in a sentence before its i-th of n words goes
+    before the translation's round(i*m/n)-th of m words, spacing maps to the same spacing. The map is
+    monotone, so spans nested or apart in the source are nested or apart in the target: each is placed in
+    O(log n) without looking at the others."""
+    src = block.text
+    starts = [s for s, _ in block.sentences]
+    words = [[ws for ws, _ in word_ranges(src, s, e)] for s, e in block.sentences]
+    targets = [[ws for ws, _ in word_ranges(tgt, ts, te)] for ts, te in spans_t]
+
+    def at(pos: int) -> int:
+        k = bisect_right(starts, pos) - 1
+        if k < 0:
+            return pos  # the spacing before the first sentence is the same
+        e, te = block.sentences[k][1], spans_t[k][1]
+        if pos >= e:
+            return te + (pos - e)  # the spacing after a sentence is the same
+        i, n, m = bisect_left(words[k], pos), len(words[k]), len(targets[k])
+        j = (i * m + n // 2) // max(n, 1)
+        return targets[k][j] if j < m else te
+
+    inserts: list[tuple[int, int, int, str]] = []  # (position, group, order, markup): as in `place`
+    for span in block.spans:
+        ts, te = at(span.start), at(span.end)
+        if ts == te:
+            inserts.append((ts, 1, span.order, span.open + span.close))
+        else:
+            inserts.append((ts, 2, span.order, span.open))
+            inserts.append((te, 0, -(span.depth * 1_000_000 + span.order), span.close))
+    for k, (pos, raw) in enumerate(block.markers):
+        inserts.append((at(pos), 1, -1_000_000 + k, raw))
+    return inserts
 
 
 def trim(src: str, words: list[tuple[int, int]], span: Span, tgt: str, ts: int, te: int) -> tuple[int, int]:

@@ -6,7 +6,11 @@ list is target phrases never produced (`--avoid`). The search that obeys them is
 nmt.translate.constraints; this module turns text into its constraints:
 
 - Matching is on whole source words, case-insensitive, longest entry first, without overlaps: "New York
-  City" wins over "New York" where both match, and "cat" never matches inside "category".
+  City" wins over "New York" where both match, and "cat" never matches inside "category". Terms and text
+  are read alike, as words (runs of \\w) and single other characters, each normalised once (NFC, then
+  casefold), and matched through a trie of the entries' words: linear in the line, whatever the number of
+  entries (a term holds at most MAX_TERM_WORDS of them). A line holds at most MAX_TERMS matches; more are
+  refused in one line (each is a constraint the search must place, and the search slows with them).
 - A matched entry's target becomes a Constraint placed as often as it matched, written any of several
   ways: its SentencePiece segmentation (with the word-start marker, as a word after a space), the same
   without the marker (a word after a hyphen or a quote), and, where the match is the line's first word,
@@ -14,14 +18,17 @@ nmt.translate.constraints; this module turns text into its constraints:
 - An avoided phrase is banned in all those ways.
 
 Errors name the file and line, or the request's entry: a line without exactly one tab, an empty term, two
-entries for one source with different targets, a target that contains an avoided phrase, and a line whose
-terms cannot fit the model's output positions.
+entries for one source with different targets, a target that contains an avoided phrase, a target the
+model's vocabulary cannot write (it would come out as an unknown token) or that it writes as nothing, and
+a line whose terms cannot fit the model's output positions.
 """
 
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -43,13 +50,39 @@ class Entry:
     where: str  # for errors: "glossary.tsv line 3", 'glossary[2]'
 
 
-class Glossary:
-    """Entries matched against lines: whole words, case-insensitive, longest first."""
+MAX_TERM_WORDS = 50  # words (and other characters) of one source term: the depth of the trie
+MAX_TERMS = 24  # glossary matches in one line: each a constraint for the search
+TOKEN = re.compile(r"(\w+)|\S")
 
-    def __init__(self, entries: list[Entry]):
-        seen: dict[str, Entry] = {}
+
+def words(text: str) -> list[tuple[str, bool, int, int, bool]]:
+    """(normalised word, whether it follows the previous one without a space, start, end, whether it is a
+    word) of each word (a run of \\w) or other character of `text`, which must already be NFC."""
+    out, last = [], -1
+    for m in TOKEN.finditer(text):
+        out.append((m.group().casefold(), m.start() == last, m.start(), m.end(), m.group(1) is not None))
+        last = m.end()
+    return out
+
+
+def term_key(source: str) -> tuple[str, ...]:
+    """A source term's words, each after a space ("+w") or glued to the last ("=w"; the first has none)."""
+    return tuple(
+        ("=" if glued else "+") + w if k else w
+        for k, (w, glued, _, _, _) in enumerate(words(unicodedata.normalize("NFC", source)))
+    )
+
+
+class Glossary:
+    """Entries matched against lines: whole words, case-insensitive, longest first, through a trie of their
+    words. `base`: a glossary whose entries this one's override (a request's over the server's)."""
+
+    def __init__(self, entries: list[Entry], base: Glossary | None = None):
+        seen: dict[tuple[str, ...], Entry] = {}
         for e in entries:
-            key = e.source.casefold()
+            key = term_key(e.source)
+            if len(key) > MAX_TERM_WORDS:
+                raise NmtError(f"{e.where}: the source term has {len(key)} words; at most {MAX_TERM_WORDS}")
             if key in seen and seen[key].target != e.target:
                 first = seen[key]
                 raise NmtError(
@@ -57,33 +90,99 @@ class Glossary:
                     f"{first.source!r} -> {first.target!r}"
                 )
             seen.setdefault(key, e)
-        self.entries = list(seen.values())
+        self.own = list(seen.values())
         self.by_key = seen
-        # Longest first: at one position the regex takes the first alternative that matches.
-        terms = sorted(seen, key=lambda s: (-len(s), s))
-        body = "|".join(re.escape(t).replace(r"\ ", r"\s+") for t in terms)
-        self.pattern = re.compile(rf"(?<!\w)(?:{body})(?!\w)", re.IGNORECASE) if terms else None
+        self.base = base
+        self.trie: dict = {}  # word -> node; a node's None key holds the entry ending there
+        for key, e in seen.items():
+            node = self.trie
+            for w in key:
+                node = node.setdefault(w, {})
+            node[None] = e
+
+    @cached_property
+    def entries(self) -> list[Entry]:
+        if self.base is None:
+            return self.own
+        return self.own + [e for k, e in self.base.by_key.items() if k not in self.by_key]
 
     def __len__(self) -> int:
         return len(self.entries)
 
     def merged(self, extra: Glossary | None) -> Glossary:
-        """This glossary with `extra`'s entries, which win where both have one source."""
+        """This glossary with `extra`'s entries, which win where both have one source: `extra` over this
+        one, without copying this one's entries."""
         if extra is None or not len(extra):
             return self
         if not len(self):
             return extra
-        keys = set(extra.by_key)
-        return Glossary([e for e in self.entries if e.source.casefold() not in keys] + extra.entries)
+        return Glossary(extra.own, base=self)
+
+    def longest(self, found: list, at: int) -> tuple[int, Entry] | None:
+        """(words, entry) of the longest entry whose words start at `found[at]`, if any."""
+        node, best = self.trie.get(found[at][0]), None
+        k = at
+        while node is not None:
+            if None in node:
+                best = (k - at + 1, node[None])
+            k += 1
+            if k == len(found):
+                break
+            node = node.get(("=" if found[k][1] else "+") + found[k][0])
+        return best
 
     def matches(self, line: str) -> list[tuple[Entry, int]]:
-        """(entry, character offset) of each match in `line`, left to right, none overlapping."""
-        if self.pattern is None:
+        """(entry, character offset in `line` after NFC) of each match, left to right, none overlapping;
+        more than MAX_TERMS is an error."""
+        if not len(self):
             return []
-        return [
-            (self.by_key[" ".join(m.group().split()).casefold()], m.start())
-            for m in self.pattern.finditer(line)
-        ]
+        text = unicodedata.normalize("NFC", line)
+        found = words(text)
+        out, at = [], 0
+        while at < len(found):
+            best = self.longest(found, at)
+            if self.base is not None:
+                under = self.base.longest(found, at)
+                if under is not None and (best is None or under[0] > best[0]):
+                    best = under
+            # a term that begins or ends with a non-word character matches only apart from a word
+            if best is not None and self.apart(found, at, best[0]):
+                n, e = best
+                out.append((e, found[at][2]))
+                at += n
+            else:
+                at += 1
+        if len(out) > MAX_TERMS:
+            raise NmtError(
+                f"a line holds {len(out)} glossary terms; at most {MAX_TERMS} a line "
+                f"(the line starting {line[:40]!r})"
+            )
+        return out
+
+    @staticmethod
+    def apart(found: list, at: int, n: int) -> bool:
+        """Whether found[at:at+n] stands apart: a term that begins (ends) with a non-word character is not
+        glued to a word before (after) it, as words themselves never are (a word is a whole run of \\w)."""
+        before = found[at - 1] if at else None
+        after = found[at + n] if at + n < len(found) else None
+        if before is not None and found[at][1] and not found[at][4] and before[4]:
+            return False
+        return not (after is not None and after[1] and after[4] and not found[at + n - 1][4])
+
+
+def writable(entries: list[Entry], subword: Subword) -> None:
+    """Every target written by the vocabulary as it is given: one with a character the vocabulary lacks
+    would come out as an unknown token (⁇), one that encodes to nothing could not be placed at all."""
+    targets = [e.target for e in entries]
+    for e, ids in zip(entries, subword.encode_target(targets) if targets else [], strict=True):
+        if not ids:
+            raise NmtError(f"{e.where}: the target {e.target!r} is nothing the model can write")
+        if UNK in ids:
+            lacking = [c for c in dict.fromkeys(e.target) if UNK in subword.encode_target([c])[0]]
+            shown = ", ".join(repr(c) for c in lacking) or "a character"
+            raise NmtError(
+                f"{e.where}: the target {e.target!r} holds {shown}, which the model's vocabulary cannot write"
+            )
 
 
 def entry(source, target, where: str) -> Entry:
@@ -93,7 +192,7 @@ def entry(source, target, where: str) -> Entry:
             raise NmtError(f"{where}: the {name} term must be a string, got {type(value).__name__}")
         if not value.strip():
             raise NmtError(f"{where}: the {name} term is empty")
-        if any(c in value for c in "\t\n\r"):
+        if "\t" in value or "\n" in value or "\r" in value:
             raise NmtError(f"{where}: the {name} term holds a tab or a line break")
     return Entry(" ".join(source.split()), target.strip(), where)
 
@@ -160,7 +259,8 @@ class Terminology:
         self.check(self.glossary)
 
     def check(self, glossary: Glossary | None) -> None:
-        """No entry may require what the avoid list forbids: an error names the first that does."""
+        """No entry may require what the avoid list forbids, or what the vocabulary cannot write: an error
+        names the first that does."""
         for e in glossary.entries if glossary is not None else []:
             target = f" {' '.join(e.target.split()).casefold()} "
             for phrase in self.avoid_phrases:
@@ -168,6 +268,8 @@ class Terminology:
                     raise NmtError(
                         f"{e.where}: the target {e.target!r} contains the avoided phrase {phrase!r}"
                     )
+        if glossary is not None:
+            writable(glossary.own, self.subword)
 
     def variants(self, target: str, capitalise: bool) -> tuple[tuple[int, ...], ...]:
         """The ways a term is written in subwords: as a word after a space, the same without the
