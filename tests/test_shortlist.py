@@ -1,5 +1,5 @@
 """Lexical shortlists: IBM Model 1 learns the word pairs, `nmt shortlist` stores them in the checkpoint,
-and decoding over each sentence's own set changes nothing it should not (nmt.shortlist)."""
+and decoding over each sentence's own set changes nothing it should not (nmt.shortlist, nmt.translate.shortlist)."""
 
 from __future__ import annotations
 

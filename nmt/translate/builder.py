@@ -164,7 +164,7 @@ def inference_model(model, dtype: Precision | str, device: torch.device, prepack
         raise NmtError(f"--dtype int8 runs on the CPU, not {device}: add --device cpu")
     torch_dtype = torch.float32 if int8 else inference_dtype(precision, device)
     # An Ensemble keeps its members in a plain list, out of reach of its own .to()
-    for member in getattr(model, "members", [model]):
+    for member in model.members:
         member.to(torch_dtype)
         if int8:
             from nmt.translate.int8 import quantize_int8
@@ -183,8 +183,8 @@ def precision_of(model) -> str:
     from nmt.translate.int8 import Int8Linear
     from nmt.translate.prepacked import PrepackedLinear
 
-    members = getattr(model, "members", [model])
-    kernels = {type(getattr(m, "output_kernel", None)) for m in members}
+    members = model.members
+    kernels = {type(m.output_kernel) for m in members}
     if kernels == {Int8Linear}:  # the embedding stays float32, but every product runs in int8
         return "int8"
     param = next(members[0].parameters(), None)

@@ -82,9 +82,9 @@ class TorchEngine:
 
         Without a shortlist the decoder is the model, `numbering` None. With one, each sentence decodes
         over its own set, its prefix and its `extra` ids (the tokens its terms are written with) added,
-        the search in the numbering of the batch's union (nmt.shortlist.ShortlistDecoder): `prefix` is
-        in it already, and `numbering` (U,) gives the vocabulary id of each of its tokens, for what
-        else the search is given in vocabulary ids."""
+        the search in the numbering of the batch's union (nmt.translate.shortlist.ShortlistDecoder):
+        `prefix` is in it already, and `numbering` (U,) gives the vocabulary id of each of its tokens, for
+        what else the search is given in vocabulary ids."""
         model = self.model
         was_training = model.training
         model.eval()
@@ -93,7 +93,7 @@ class TorchEngine:
                 src, prefix = padded_sources(ids, self.device), padded_prefixes(prefixes, self.device)
                 if self.shortlist is None:
                     return search(model, src, prefix, None)
-                from nmt.shortlist import ShortlistDecoder
+                from nmt.translate.shortlist import ShortlistDecoder
 
                 added = [p for p in (prefix, padded_prefixes(extra, self.device)) if p is not None]
                 decoder = ShortlistDecoder(model, self.shortlist, src, torch.cat(added, 1) if added else None)
