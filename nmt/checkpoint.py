@@ -202,6 +202,14 @@ class LoadedModel(NamedTuple):
 
 def load_model(path: Path, device: str | torch.device = "cpu") -> LoadedModel:
     """A checkpoint as a ready model: (Transformer in eval mode, Subword, Config)."""
+    return read_model(path, device)[0]
+
+
+def read_model(
+    path: Path, device: str | torch.device = "cpu"
+) -> tuple[LoadedModel, dict[str, Tensor] | None]:
+    """`load_model`, and the `shortlist` entry the checkpoint carries (None where it has none), from one
+    read of the file."""
     from nmt.model import Transformer
 
     ckpt = load_checkpoint(path)
@@ -211,7 +219,7 @@ def load_model(path: Path, device: str | torch.device = "cpu") -> LoadedModel:
     except RuntimeError as e:
         why = " ".join(str(e).split())[:160]  # torch's message spans lines: the error is one
         raise CheckpointError(f"{path}: weights do not fit the model it describes ({why})") from None
-    return LoadedModel(model.to(device).eval(), Subword(ckpt.subword_proto), ckpt.config)
+    return LoadedModel(model.to(device).eval(), Subword(ckpt.subword_proto), ckpt.config), ckpt.shortlist
 
 
 def step_checkpoints(directory: Path) -> list[Path]:

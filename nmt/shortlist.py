@@ -242,7 +242,12 @@ def shortlist(
 
 def load_shortlist(path: Path) -> Shortlist:
     """The shortlist a checkpoint carries; one line naming the file where it carries none."""
-    ckpt = load_checkpoint(Path(path))
-    if ckpt.shortlist is None:
+    return carried_shortlist(path, load_checkpoint(Path(path)).shortlist)
+
+
+def carried_shortlist(path: Path, payload: dict[str, Tensor] | None) -> Shortlist:
+    """The shortlist of checkpoint `path` from its `shortlist` entry, read with the model
+    (nmt.checkpoint.read_model); one line naming the file where it carries none."""
+    if payload is None:
         raise NmtError(f"{path}: carries no shortlist; build one with `nmt shortlist -m {path} ...`")
-    return Shortlist.from_payload(ckpt.shortlist)
+    return Shortlist.from_payload(payload)

@@ -1,5 +1,6 @@
 """Lexical shortlists: IBM Model 1 learns the word pairs, `nmt shortlist` stores them in the checkpoint,
-and decoding over each sentence's own set changes nothing it should not (nmt.shortlist, nmt.translate.shortlist)."""
+and decoding over each sentence's own set changes nothing it should not (nmt.shortlist, and its decoding in
+nmt.translate.shortlist)."""
 
 from __future__ import annotations
 
@@ -235,10 +236,9 @@ def test_terms_decode_over_their_sentences_set_with_their_own_pieces_added(
 
     def translator(glossary: bool, tight: bool, beam: int = 3) -> Translator:
         d = dataclasses.replace(cfg.decode, beam=beam, nbest=1, shortlist=tight)
-        found = Translator(model, subword, d, torch.device("cpu"), shortlist=shortlist if tight else None)
-        if glossary:
-            found.terminology = Terminology(subword, 64, Glossary([entry(source, term, "test[0]")]))
-        return found
+        terms = Terminology(subword, 64, Glossary([entry(source, term, "test[0]")])) if glossary else None
+        tight_list = shortlist if tight else None
+        return Translator(model, subword, d, torch.device("cpu"), shortlist=tight_list, terminology=terms)
 
     tight = translator(True, True).translate_nbest(lines)
     plain = translator(False, True).translate_nbest(lines)

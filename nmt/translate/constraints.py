@@ -68,6 +68,17 @@ class Constraint:
         return max(map(len, self.alternatives))
 
 
+@dataclass(frozen=True)
+class Terms:
+    """What a batch's search must obey (nmt.translate.torch_engine.TorchEngine.search): each sentence's
+    constraints, the phrases no translation may produce (token ids), and `glue` (V,) bool, the tokens that
+    may not follow a term (None: any may)."""
+
+    sentences: list[list[Constraint]]
+    avoid: list[list[int]]
+    glue: Tensor | None = None
+
+
 def constraint_tokens(constraints: list[Constraint]) -> list[int]:
     """Every token id a sentence's terms may be written with, sorted: what a per-sentence vocabulary
     (a shortlist) must keep for the search to be able to place them."""
