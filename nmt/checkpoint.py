@@ -239,6 +239,18 @@ def last_checkpoints(directory: Path, n: int) -> list[Path]:
     return found[-n:]
 
 
+def average_last(cfg: Config, ckpt_dir: Path, console) -> Path:
+    """Average the last `train.average_last` step checkpoints into average.pt (paper, section 6.1)."""
+    out = ckpt_dir / "average.pt"
+    sources = last_checkpoints(ckpt_dir, cfg.train.average_last)
+    if out.exists() and out.stat().st_mtime >= max(p.stat().st_mtime for p in sources):
+        console.print(f"average: already done ({out})")
+        return out
+    average_checkpoints(sources, out)
+    console.print(f"average: {len(sources)} checkpoints ({sources[0].name} .. {sources[-1].name}) -> {out}")
+    return out
+
+
 def average_checkpoints(paths: list[Path], output: Path) -> None:
     """Element-wise mean of the weights (paper, 6.1); config and subwords from the last file.
 

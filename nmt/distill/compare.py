@@ -56,7 +56,7 @@ def engines() -> list[tuple[Engine, Precision]]:
 def compare(cfg: Config, opts, workdir: Path, student: Path, step_seconds: dict, console: Console) -> dict:
     """Translate, time and score; write results.md and results.json in `workdir`; returns the results."""
     from nmt.checkpoint import checkpoint_config
-    from nmt.pipeline import training_summary
+    from nmt.train.monitor import training_summary
 
     start = time.perf_counter()
     teacher_beam = checkpoint_config(opts.teacher)["decode"]["beam"]

@@ -105,7 +105,7 @@ def distill(
     console: Console | None = None,
 ) -> dict:
     """Run the steps not yet done; returns the comparison (results.json), or the step times without it."""
-    from nmt.pipeline import average_last
+    from nmt.checkpoint import average_last
     from nmt.train import train
 
     console = console or Console(stderr=True)
