@@ -290,3 +290,24 @@ def test_the_cpu_kernels_project_the_union_as_they_project_the_whole_vocabulary(
         # not); float32 sums over the same columns, so only rounding may differ
         scores = [torch.tensor([score for nbest in run for _, score in nbest]) for run in runs]
         torch.testing.assert_close(scores[1], scores[0], rtol=1e-5, atol=1e-5)
+
+
+def test_an_ensemble_hands_each_member_the_restricted_output():
+    """Ensemble.init_state gives every member the shortlist's restricted output (its own projection onto
+    the union, each sentence masked to its set): no member's distribution reaches outside a sentence's set."""
+    from nmt.translate.ensemble import Ensemble
+    from nmt.translate.search import beam_search
+    from nmt.translate.shortlist import ShortlistDecoder
+
+    from .test_search import VOCAB, pad, random_model, random_sources
+
+    table = torch.full((VOCAB, 2), PAD)
+    table[4:, 0] = torch.arange(4, VOCAB).roll(1)  # one target piece per source piece
+    shortlist = Shortlist(frequent=torch.tensor([4]), table=table)
+    src = pad(random_sources(3))
+    decoder = ShortlistDecoder(Ensemble([random_model(0), random_model(1)]), shortlist, src)
+    memory, keep = decoder.encode(src)
+    assert all(state.output is not None for state in decoder.init_state(memory, keep, 8, 2))
+    found = decoder.from_union(beam_search(decoder, src, 2, 0.6, 1.0, 6, nbest=2))
+    for allowed, hyps in zip(shortlist.members(src), found, strict=True):
+        assert hyps and all(allowed[t] for h in hyps for t in h.tokens)
