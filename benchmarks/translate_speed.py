@@ -268,7 +268,10 @@ def terminology(args: argparse.Namespace, argv: list[str] | None) -> None:
     src, ref = read("test_2016_flickr.en.gz"), read("test_2016_flickr.de.gz")
     src, ref = (src[: args.lines], ref[: args.lines]) if args.lines else (src, ref)
     model, sub, cfg = load_model(args.model[0])
-    plain = Translator(model, sub, dataclasses.replace(cfg.decode, beam=4), torch.device("cpu"))
+    terminology = Terminology(sub, model.max_positions)  # a request's glossary adds to it
+    plain = Translator(
+        model, sub, dataclasses.replace(cfg.decode, beam=4), torch.device("cpu"), terminology=terminology
+    )
     terms, own = {}, {}  # line -> (source, target): with the reference's word, and any word's entry
     for i, (s, r) in enumerate(zip(src, ref, strict=True)):
         found = sorted((a for a in words(s) if a in lex), key=lambda a: -len(a))
@@ -277,7 +280,6 @@ def terminology(args: argparse.Namespace, argv: list[str] | None) -> None:
         if hits := [a for a in found if lex[a].lower() in words(r)]:
             terms[i] = (hits[0], lex[hits[0]])
 
-    plain.terminology = Terminology(sub, model.max_positions)  # a request's glossary adds to it
     sources = plain.encode(src).sources
 
     def constraints(chosen: dict[int, tuple[str, str]]) -> dict:

@@ -202,6 +202,14 @@ class LoadedModel(NamedTuple):
 
 def load_model(path: Path, device: str | torch.device = "cpu") -> LoadedModel:
     """A checkpoint as a ready model: (Transformer in eval mode, Subword, Config)."""
+    return read_model(path, device)[0]
+
+
+def read_model(
+    path: Path, device: str | torch.device = "cpu"
+) -> tuple[LoadedModel, dict[str, Tensor] | None]:
+    """`load_model`, and the `shortlist` entry the checkpoint carries (None where it has none), from one
+    read of the file."""
     from nmt.model import Transformer
 
     ckpt = load_checkpoint(path)
@@ -211,7 +219,7 @@ def load_model(path: Path, device: str | torch.device = "cpu") -> LoadedModel:
     except RuntimeError as e:
         why = " ".join(str(e).split())[:160]  # torch's message spans lines: the error is one
         raise CheckpointError(f"{path}: weights do not fit the model it describes ({why})") from None
-    return LoadedModel(model.to(device).eval(), Subword(ckpt.subword_proto), ckpt.config)
+    return LoadedModel(model.to(device).eval(), Subword(ckpt.subword_proto), ckpt.config), ckpt.shortlist
 
 
 def step_checkpoints(directory: Path) -> list[Path]:
@@ -229,6 +237,18 @@ def last_checkpoints(directory: Path, n: int) -> list[Path]:
     if not found:
         raise CheckpointError(f"{directory}: no step-N.pt checkpoints")
     return found[-n:]
+
+
+def average_last(cfg: Config, ckpt_dir: Path, console) -> Path:
+    """Average the last `train.average_last` step checkpoints into average.pt (paper, section 6.1)."""
+    out = ckpt_dir / "average.pt"
+    sources = last_checkpoints(ckpt_dir, cfg.train.average_last)
+    if out.exists() and out.stat().st_mtime >= max(p.stat().st_mtime for p in sources):
+        console.print(f"average: already done ({out})")
+        return out
+    average_checkpoints(sources, out)
+    console.print(f"average: {len(sources)} checkpoints ({sources[0].name} .. {sources[-1].name}) -> {out}")
+    return out
 
 
 def average_checkpoints(paths: list[Path], output: Path, shortlist: bool = True) -> str | None:

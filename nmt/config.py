@@ -495,11 +495,7 @@ def _check(cfg: Config, source: str, corpora: bool = True) -> None:
     need(t.peak_lr is None or 0 < t.peak_lr < math.inf, "train.peak_lr", "must be a positive number")
     need(t.max_minutes is None or t.max_minutes > 0, "train.max_minutes", "must be positive")
     need(0.0 <= t.cooldown <= 1.0, "train.cooldown", "must be in [0, 1]")
-    need(
-        t.device == "auto" or t.device.split(":")[0] in ("cpu", "cuda", "mps"),
-        "train.device",
-        f"{t.device!r} is not auto, cpu, cuda or cuda:N",
-    )
+    need(parse_device(t.device) is not None, "train.device", f"{t.device!r} is not auto, cpu, cuda or cuda:N")
     _check_decode(d, lambda ok, name, why: need(ok, f"decode.{name}", why), lambda name: f"decode.{name}")
     for key in ("lr_scale", "adam_eps"):
         need(0 < getattr(t, key) < math.inf, f"train.{key}", "must be a positive number")
@@ -539,6 +535,18 @@ def _check(cfg: Config, source: str, corpora: bool = True) -> None:
                 f"data.{section}[{i}]",
                 "give either src and tgt files or a sacrebleu test set name",
             )
+
+
+def parse_device(name: str) -> tuple[str, int | None] | None:
+    """A device's name as config and runtime accept it: auto, cpu, cuda or cuda:N -> (kind, N or None);
+    None for anything else (the caller's error names its key)."""
+    text = name.strip().lower()
+    if text in ("auto", "cpu"):
+        return text, None
+    kind, _, index = text.partition(":")
+    if kind != "cuda" or (index and not index.isdigit()):
+        return None
+    return kind, int(index) if index else None
 
 
 def _check_decode(d: DecodeConfig, need, key) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from nmt.config import Precision
+from nmt.config import Precision, parse_device
 from nmt.errors import NmtError
 
 # The precisions that are a torch dtype (int8 is a kind of kernel: nmt.translate.int8). Keyed by
@@ -12,20 +12,21 @@ from nmt.errors import NmtError
 DTYPES = {Precision.FP32: torch.float32, Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}
 
 
-def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    """auto (this rank's GPU when there is one, else the CPU), cpu, cuda or cuda:N; NmtError otherwise."""
-    name = name.strip().lower()
-    if name == "auto":
+def resolve_device(name: str, local_rank: int = 0, key: str = "--device") -> torch.device:
+    """auto (this rank's GPU when there is one, else the CPU), cpu, cuda or cuda:N (config.parse_device);
+    NmtError naming `key` otherwise."""
+    parsed = parse_device(name)
+    if parsed is None:
+        raise NmtError(f"{key} {name.strip()!r}: expected auto, cpu, cuda or cuda:N")
+    kind, index = parsed
+    if kind == "auto":
         return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
-    if name == "cpu":
+    if kind == "cpu":
         return torch.device("cpu")
-    kind, _, index = name.partition(":")
-    if kind != "cuda" or (index and not index.isdigit()):
-        raise NmtError(f"device {name!r}: expected auto, cpu, cuda or cuda:N")
     found = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    number = int(index) if index else local_rank
+    number = index if index is not None else local_rank
     if number >= found:
-        raise NmtError(f"device {name!r}: no such CUDA device ({found} found)")
+        raise NmtError(f"{key} {name.strip()!r}: no such CUDA device ({found} found)")
     return torch.device(f"cuda:{number}")
 
 

@@ -22,6 +22,7 @@ cross-attention projected once per sentence and shared by its `beam` rows. The c
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -234,7 +235,7 @@ class DecoderState:
     beam: int  # rows per sentence
     max_len: int  # positions the search may step through: the cache never grows beyond them
     length: int = 0  # target positions decoded so far
-    shortlist: Any = None  # nmt.shortlist.SentenceOutput: logits over a batch's shortlists; None: all of V
+    output: Any = None  # nmt.translate.shortlist.SentenceOutput: logits over a batch's shortlists, or None
 
     @property
     def rows(self) -> int:
@@ -260,9 +261,19 @@ class Transformer(nn.Module):
         self.output_bias: Tensor | None
         self.register_buffer("output_bias", torch.zeros(vocab_size) if cfg.output_bias else None)
         # Inference only: the output projection (weights and bias) in a CPU kernel's own layout, int8
-        # (nmt.translate.int8) or prepacked fp32 (nmt.translate.prepacked)
+        # (nmt.translate.int8) or prepacked fp32 (nmt.translate.prepacked): `compile_output`
         self.output_kernel: nn.Module | None = None
         self.reset_parameters()
+
+    @property
+    def members(self) -> list[Transformer]:
+        """The models decoded as one: this one (an ensemble's are several; nmt.translate.ensemble)."""
+        return [self]
+
+    def compile_output(self, kernel: Callable[[Tensor, Tensor | None], nn.Module]) -> None:
+        """For inference: the output projection from now on in `kernel(weight, bias)`, a CPU kernel built
+        over the current weights (nmt.translate.int8.Int8Linear, nmt.translate.prepacked.PrepackedLinear)."""
+        self.output_kernel = kernel(self.output_weight, self.output_bias)
 
     def reset_parameters(self) -> None:
         """Xavier-uniform linear maps, N(0, D^-1/2) embeddings, as tensor2tensor and fairseq initialise."""
@@ -330,16 +341,26 @@ class Transformer(nn.Module):
 
     # ---- incremental decoding ------------------------------------------------------------------------
 
-    def init_state(self, memory: Tensor, src_keep: Tensor, max_len: int, beam: int = 1) -> DecoderState:
+    def init_state(
+        self,
+        memory: Tensor,
+        src_keep: Tensor,
+        max_len: int,
+        beam: int = 1,
+        output: Callable[[Transformer], Any] | None = None,
+    ) -> DecoderState:
         """State for `beam` rows per sentence of memory (B, S, D): encoder keys/values for cross-attention
-        projected once per sentence, and a self-attention cache one block long."""
+        projected once per sentence, and a self-attention cache one block long. `output` builds, for this
+        model, the restricted output its steps project onto (nmt.translate.shortlist.SentenceOutput:
+        each sentence's own target ids); None: the whole vocabulary."""
         mem_kv = torch.stack([torch.stack(layer.cross_attn.memory_kv(memory)) for layer in self.decoder])
         rows, positions = memory.shape[0] * beam, min(CACHE_BLOCK, max_len)
         self_kv = [self.empty_cache(memory, rows, positions) for _ in self.decoder]
         src_bias = torch.zeros(src_keep.shape, dtype=memory.dtype, device=memory.device)
         src_bias.masked_fill_(~src_keep, -math.inf)
         spare = self.empty_cache(memory, rows, positions)
-        return DecoderState(self_kv, spare, mem_kv, src_bias, beam, max_len)
+        restricted = output(self) if output is not None else None
+        return DecoderState(self_kv, spare, mem_kv, src_bias, beam, max_len, output=restricted)
 
     def empty_cache(self, like: Tensor, rows: int, positions: int) -> Tensor:
         """One layer's self-attention keys/values (2, rows, H, positions, K), uninitialized: only filled
@@ -359,8 +380,8 @@ class Transformer(nn.Module):
             mem_k, mem_v = state.mem_kv[i]  # each (B, H, S, K)
             y = layer.step(y, state.self_kv[i][:, :n], t, mem_k, mem_v, state.src_bias, state.beam)
         state.length = t + 1
-        if state.shortlist is not None:  # (N, U): over the shortlists' union only (nmt.shortlist)
-            return state.shortlist.logits(self.decoder_norm(y[:, 0]), state.beam), state
+        if state.output is not None:  # (N, U): over the shortlists' union only (nmt.translate.shortlist)
+            return state.output.logits(self.decoder_norm(y[:, 0]), state.beam), state
         return self.output(y[:, 0]), state
 
     def reorder_beams(self, state: DecoderState, rows: Tensor) -> DecoderState:
@@ -378,8 +399,8 @@ class Transformer(nn.Module):
         sentences = rows[:: state.beam] // state.beam  # (B',)
         state.mem_kv = state.mem_kv.index_select(2, sentences)
         state.src_bias = state.src_bias.index_select(0, sentences)
-        if state.shortlist is not None:
-            state.shortlist = state.shortlist.select(sentences)
+        if state.output is not None:
+            state.output = state.output.select(sentences)
         return state
 
     def expand_beams(self, state: DecoderState, beam: int) -> DecoderState:

@@ -18,12 +18,13 @@ from rich.console import Console
 from rich.table import Table
 
 from nmt.atomic import write_text
-from nmt.checkpoint import average_checkpoints, checkpoint_subword, last_checkpoints
+from nmt.checkpoint import average_last, checkpoint_subword
 from nmt.config import Config
 from nmt.data.preprocess import preprocess
 from nmt.device import resolve_device
 from nmt.score import corpus_scores, read_lines
 from nmt.train import train
+from nmt.train.monitor import training_summary
 from nmt.translate import LineTranslator, build_translator
 
 
@@ -45,7 +46,7 @@ def run_pipeline(
 
     console.rule("[bold]4. translate")
     # The same loading and defaults as `nmt translate -m average.pt`, so both give the same lines.
-    device = resolve_device(cfg.train.device)
+    device = resolve_device(cfg.train.device, key="train.device")
     translator = build_translator(model_path, device=device, console=console, command="nmt run").translator
     speeds = {}
     for corpus in cfg.data.test:
@@ -76,18 +77,6 @@ def run_pipeline(
     write_results(workdir, results)
     show_results(results, console)
     return results
-
-
-def average_last(cfg: Config, ckpt_dir: Path, console: Console) -> Path:
-    """Average the last `train.average_last` step checkpoints into average.pt (paper, section 6.1)."""
-    out = ckpt_dir / "average.pt"
-    sources = last_checkpoints(ckpt_dir, cfg.train.average_last)
-    if out.exists() and out.stat().st_mtime >= max(p.stat().st_mtime for p in sources):
-        console.print(f"average: already done ({out})")
-        return out
-    average_checkpoints(sources, out)
-    console.print(f"average: {len(sources)} checkpoints ({sources[0].name} .. {sources[-1].name}) -> {out}")
-    return out
 
 
 def translate_test_set(
@@ -140,28 +129,6 @@ def compound_split_bleu(hyps: list[str], refs: list[str]) -> float:
 
     bleu = BLEU(tokenize="none", force=True)  # force: this text is tokenized on purpose
     return bleu.corpus_score([split(h) for h in hyps], [[split(r) for r in refs]]).score
-
-
-def training_summary(workdir: Path) -> dict:
-    """Updates, time and speed of training from metrics.jsonl."""
-    path = workdir / "metrics.jsonl"
-    train_records, valid_records = [], []
-    if path.exists():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            (train_records if record.get("kind") == "train" else valid_records).append(record)
-    if not train_records:
-        return {}
-    speeds = [r["tokens_per_s"] for r in train_records]
-    return {
-        "updates": train_records[-1]["step"],
-        "minutes": round(train_records[-1]["elapsed"] / 60, 1),
-        "target_tokens_per_s": round(sorted(speeds)[len(speeds) // 2]),
-        "best_valid_bleu": max((r["bleu"] for r in valid_records if r.get("bleu") is not None), default=None),
-    }
 
 
 def device_summary(device: torch.device) -> dict:

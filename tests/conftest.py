@@ -1,13 +1,78 @@
-"""Shared fixtures: the Multi30k mirror (or a skip that says how to enable it) and one trained model."""
+"""Shared fixtures: the Multi30k mirror (or a skip that says how to enable it), one trained model, one tiny
+random checkpoint; and the helpers several test files use (sentences, the CLI in-process, one error line)."""
 
 from __future__ import annotations
 
 import os
+import random
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from .synthetic import make_config, make_workdir
+
+# ---- helpers imported by several test files ------------------------------------------------------------
+
+
+def word(rng: random.Random) -> str:
+    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(1, 7)))
+
+
+def sentences(n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    words = [word(random.Random(i)) for i in range(300)]
+    return [
+        " ".join(rng.choice(words) for _ in range(rng.randint(1, 14))) + rng.choice(".!?,") for _ in range(n)
+    ]
+
+
+def cli(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess:
+    """The command run in this process by typer's CliRunner: as `run`, without starting an interpreter."""
+    from typer.testing import CliRunner
+
+    from nmt.cli import app
+
+    result = CliRunner().invoke(app, [str(a) for a in args], input=stdin)
+    return subprocess.CompletedProcess(args, result.exit_code, result.stdout_bytes, result.stderr_bytes)
+
+
+def one_error_line(stderr: str | bytes, *names: str) -> str:
+    text = stderr.decode() if isinstance(stderr, bytes) else stderr
+    assert "Traceback" not in text, text
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert len(lines) == 1, text
+    for name in names:
+        assert name in lines[0], (name, lines[0])
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    """A tiny random Transformer with a SentencePiece model trained here, saved as `nmt train` would."""
+    from nmt.config import config_from_dict
+    from nmt.subword import train_sentencepiece
+    from nmt.untrained import save_random_model
+
+    d = tmp_path_factory.mktemp("model")
+    sub = train_sentencepiece(sentences(3000, 0), d / "spm", 120, character_coverage=1.0)
+    corpus = {"name": "x", "src": {"url": "http://127.0.0.1/x", "sha256": "0" * 64}}
+    corpus["tgt"] = corpus["src"]
+    cfg = config_from_dict(
+        {
+            "data": {"src_lang": "xx", "tgt_lang": "yy", "train": [corpus], "valid": [corpus]},
+            "model": {
+                "encoder_layers": 1,
+                "decoder_layers": 1,
+                "d_model": 32,
+                "d_ff": 64,
+                "heads": 4,
+                "max_positions": 64,
+            },
+            "decode": {"beam": 3, "lenpen": 0.6, "max_len_a": 1.0, "max_len_b": 5},
+        }
+    )
+    return save_random_model(d / "model.pt", cfg, sub, seed=0)
 
 
 @pytest.fixture(scope="module")

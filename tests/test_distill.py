@@ -214,8 +214,8 @@ def test_distill_killed_in_every_step_ends_as_an_uninterrupted_run(
     assert len(expected["scores"]) >= 6  # teacher, student, greedy student, in torch fp32 and int8
     assert json.loads((whole / "distill" / ".done" / "teacher.json").read_text())["info"]["chunks"] == 3
 
+    import nmt.checkpoint
     import nmt.distill.compare as compare_module
-    import nmt.pipeline
     import nmt.train.loop
 
     def path_is(name):
@@ -228,7 +228,7 @@ def test_distill_killed_in_every_step_ends_as_an_uninterrupted_run(
         ("filter", lambda m: kill_after(m, atomic, "write_text", path_is("train.xx"))),
         ("data", lambda m: kill_after(m, distill_steps, "binarize")),
         ("train", lambda m: kill_after(m, nmt.train.loop, "save_training_checkpoint")),
-        ("average", lambda m: kill_after(m, nmt.pipeline, "average_checkpoints")),
+        ("average", lambda m: kill_after(m, nmt.checkpoint, "average_checkpoints")),
         ("compare", lambda m: kill_after(m, compare_module, "timed")),
     ]
     resumed = tmp_path / "resumed"

@@ -24,8 +24,7 @@ LAYERS = [
     ["nmt.formats", "nmt.untrained", "nmt.shortlist"],
     ["nmt.translate"],
     ["nmt.train", "nmt.serve"],
-    ["nmt.pipeline"],
-    ["nmt.distill"],  # a student from a teacher: the pipeline's steps and more
+    ["nmt.pipeline", "nmt.distill"],  # side by side: `nmt run`, and a student from a teacher
     ["nmt.cli"],
     ["nmt.__main__"],
 ]

@@ -21,9 +21,9 @@ from typer.testing import CliRunner
 from nmt.cli import app
 from nmt.untrained import save_random_model
 
+from .conftest import cli
+from .conftest import one_error_line as one_line
 from .synthetic import make_config, make_subword
-from .test_robustness import cli
-from .test_robustness import one_error_line as one_line
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 NMT = [sys.executable, "-m", "nmt"]

@@ -23,6 +23,7 @@ from nmt.model import Transformer
 from nmt.subword import train_sentencepiece
 from nmt.translate.stream import read_chunks
 
+from .conftest import cli, one_error_line
 from .synthetic import make_config, make_subword
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
@@ -54,22 +55,6 @@ VOCAB = 20  # the reversal task's letters and the 4 reserved ids
 
 def run(*args: str, stdin: bytes = b"", **kw) -> subprocess.CompletedProcess:
     return subprocess.run([*NMT, *args], input=stdin, capture_output=True, env=ENV, timeout=120, **kw)
-
-
-def cli(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess:
-    """The command run in this process by typer's CliRunner: as `run`, without starting an interpreter."""
-    result = CliRunner().invoke(app, [str(a) for a in args], input=stdin)
-    return subprocess.CompletedProcess(args, result.exit_code, result.stdout_bytes, result.stderr_bytes)
-
-
-def one_error_line(stderr: str | bytes, *names: str) -> str:
-    text = stderr.decode() if isinstance(stderr, bytes) else stderr
-    assert "Traceback" not in text, text
-    lines = [line for line in text.splitlines() if line.strip()]
-    assert len(lines) == 1, text
-    for name in names:
-        assert name in lines[0], (name, lines[0])
-    return lines[0]
 
 
 def flip_bytes(path: Path, count: int = 64) -> None:

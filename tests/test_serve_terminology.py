@@ -11,8 +11,8 @@ from nmt.serve.documents import document
 from nmt.serve.markup import Document
 from nmt.translate.terminology import glossary_of
 
+from .conftest import sentences
 from .test_serve import Server, libre
-from .test_translate import checkpoint, sentences  # noqa: F401 (checkpoint: a fixture)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

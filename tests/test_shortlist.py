@@ -1,5 +1,6 @@
 """Lexical shortlists: IBM Model 1 learns the word pairs, `nmt shortlist` stores them in the checkpoint,
-and decoding over each sentence's own set changes nothing it should not (nmt.shortlist)."""
+and decoding over each sentence's own set changes nothing it should not (nmt.shortlist, and its decoding in
+nmt.translate.shortlist)."""
 
 from __future__ import annotations
 
@@ -235,10 +236,9 @@ def test_terms_decode_over_their_sentences_set_with_their_own_pieces_added(
 
     def translator(glossary: bool, tight: bool, beam: int = 3) -> Translator:
         d = dataclasses.replace(cfg.decode, beam=beam, nbest=1, shortlist=tight)
-        found = Translator(model, subword, d, torch.device("cpu"), shortlist=shortlist if tight else None)
-        if glossary:
-            found.terminology = Terminology(subword, 64, Glossary([entry(source, term, "test[0]")]))
-        return found
+        terms = Terminology(subword, 64, Glossary([entry(source, term, "test[0]")])) if glossary else None
+        tight_list = shortlist if tight else None
+        return Translator(model, subword, d, torch.device("cpu"), shortlist=tight_list, terminology=terms)
 
     tight = translator(True, True).translate_nbest(lines)
     plain = translator(False, True).translate_nbest(lines)
@@ -356,3 +356,24 @@ def test_average_keeps_a_shared_shortlist_and_says_when_it_drops_one(shortlisted
     result = runner.invoke(app, ["average", str(tight), str(tight), "--no-shortlist", "-o", str(out)])
     assert result.exit_code == 0 and "--no-shortlist" in result.output
     assert load_checkpoint(out).shortlist is None
+
+
+def test_an_ensemble_hands_each_member_the_restricted_output():
+    """Ensemble.init_state gives every member the shortlist's restricted output (its own projection onto
+    the union, each sentence masked to its set): no member's distribution reaches outside a sentence's set."""
+    from nmt.translate.ensemble import Ensemble
+    from nmt.translate.search import beam_search
+    from nmt.translate.shortlist import ShortlistDecoder
+
+    from .test_search import VOCAB, pad, random_model, random_sources
+
+    table = torch.full((VOCAB, 2), PAD)
+    table[4:, 0] = torch.arange(4, VOCAB).roll(1)  # one target piece per source piece
+    shortlist = Shortlist(frequent=torch.tensor([4]), table=table)
+    src = pad(random_sources(3))
+    decoder = ShortlistDecoder(Ensemble([random_model(0), random_model(1)]), shortlist, src)
+    memory, keep = decoder.encode(src)
+    assert all(state.output is not None for state in decoder.init_state(memory, keep, 8, 2))
+    found = decoder.from_union(beam_search(decoder, src, 2, 0.6, 1.0, 6, nbest=2))
+    for allowed, hyps in zip(shortlist.members(src), found, strict=True):
+        assert hyps and all(allowed[t] for h in hyps for t in h.tokens)

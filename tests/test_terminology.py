@@ -24,7 +24,8 @@ from nmt.translate.terminology import (
     read_glossary,
 )
 
-from .test_translate import checkpoint, out_lines, sentences  # noqa: F401 (checkpoint: a fixture)
+from .conftest import sentences
+from .test_translate import out_lines
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -164,10 +165,8 @@ def test_impossible_requests_name_the_entry(loaded):
 
 def translator_with(loaded, terms: Glossary | None = None, avoid=()) -> Translator:
     model, sub, cfg = loaded
-    translator = Translator(model, sub, cfg.decode, torch.device("cpu"))
-    if terms is not None or avoid:
-        translator.terminology = Terminology(sub, 64, terms, list(avoid))
-    return translator
+    terminology = Terminology(sub, 64, terms, list(avoid)) if terms is not None or avoid else None
+    return Translator(model, sub, cfg.decode, torch.device("cpu"), terminology=terminology)
 
 
 @pytest.mark.numerics

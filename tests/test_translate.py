@@ -8,59 +8,22 @@ import re
 import select
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 from typer.testing import CliRunner
 
 from nmt.cli import app
-from nmt.config import DecodeConfig, config_from_dict
-from nmt.subword import train_sentencepiece
+from nmt.config import DecodeConfig
 from nmt.translate import Translator, token_batches
-from nmt.untrained import save_random_model
+
+from .conftest import sentences
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"  # what str.splitlines() splits on
 
 
-def word(rng: random.Random) -> str:
-    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(1, 7)))
-
-
-def sentences(n: int, seed: int) -> list[str]:
-    rng = random.Random(seed)
-    words = [word(random.Random(i)) for i in range(300)]
-    return [
-        " ".join(rng.choice(words) for _ in range(rng.randint(1, 14))) + rng.choice(".!?,") for _ in range(n)
-    ]
-
-
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    """A tiny random Transformer with a SentencePiece model trained here, saved as `nmt train` would."""
-    d = tmp_path_factory.mktemp("model")
-    sub = train_sentencepiece(sentences(3000, 0), d / "spm", 120, character_coverage=1.0)
-    corpus = {"name": "x", "src": {"url": "http://127.0.0.1/x", "sha256": "0" * 64}}
-    corpus["tgt"] = corpus["src"]
-    cfg = config_from_dict(
-        {
-            "data": {"src_lang": "xx", "tgt_lang": "yy", "train": [corpus], "valid": [corpus]},
-            "model": {
-                "encoder_layers": 1,
-                "decoder_layers": 1,
-                "d_model": 32,
-                "d_ff": 64,
-                "heads": 4,
-                "max_positions": 64,
-            },
-            "decode": {"beam": 3, "lenpen": 0.6, "max_len_a": 1.0, "max_len_b": 5},
-        }
-    )
-    return save_random_model(d / "model.pt", cfg, sub, seed=0)
 
 
 def nmt_translate(*args: str, stdin: bytes) -> subprocess.CompletedProcess:

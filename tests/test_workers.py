@@ -21,8 +21,8 @@ from nmt.translate.frontend import LineTranslator
 from nmt.translate.workers import plan_workers
 from nmt.untrained import save_random_model
 
+from .conftest import cli, one_error_line
 from .synthetic import make_config, make_subword, sentence
-from .test_robustness import cli, one_error_line
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

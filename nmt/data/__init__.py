@@ -5,4 +5,6 @@ corpora    turn a CorpusSpec into aligned raw text files (sacrebleu's registry f
 clean      the Moses clean-corpus-n filter on training pairs
 binarized  subword ids on disk: compact, memory-mapped, no pickles
 batching   token-budget batches over a binarized split
+loader     the update plan of a training run, and the background loader that fills it
+preprocess the whole stage, `nmt preprocess`
 """

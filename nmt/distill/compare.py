@@ -53,13 +53,23 @@ def engines() -> list[tuple[Engine, Precision]]:
     return found
 
 
-def compare(cfg: Config, opts, workdir: Path, student: Path, step_seconds: dict, console: Console) -> dict:
-    """Translate, time and score; write results.md and results.json in `workdir`; returns the results."""
+def compare(
+    cfg: Config,
+    opts,
+    workdir: Path,
+    student: Path,
+    step_seconds: dict,
+    console: Console,
+    teacher_config: dict | None = None,
+) -> dict:
+    """Translate, time and score; write results.md and results.json in `workdir`; returns the results.
+    `teacher_config`: the teacher's config as read already, else read here."""
     from nmt.checkpoint import checkpoint_config
-    from nmt.pipeline import training_summary
+    from nmt.train.monitor import training_summary
 
     start = time.perf_counter()
-    teacher_beam = checkpoint_config(opts.teacher)["decode"]["beam"]
+    teacher = teacher_config if teacher_config is not None else checkpoint_config(opts.teacher)
+    teacher_beam = teacher["decode"]["beam"]
     systems = [("teacher", opts.teacher, teacher_beam), ("student", student, cfg.decode.beam)]
     if cfg.decode.beam != 1:
         systems.append(("student", student, 1))

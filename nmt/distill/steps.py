@@ -24,6 +24,7 @@ is refused in one line, rather than mixing two teachers' output.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -86,12 +87,12 @@ def check_options(opts: DistillOptions) -> None:
         raise ConfigError(f"--drop-worst {f.worst_percent:g}: expected a percentage from 0 to under 100")
 
 
-def student_config(cfg: Config, teacher: Path | dict) -> Config:
+def student_config(cfg: Config, teacher: Path, teacher_config: dict | None = None) -> Config:
     """The student recipe under the teacher's vocabulary: its SentencePiece model is the teacher's.
-    `teacher`: the checkpoint, or its config as checkpoint_config gives it."""
+    `teacher_config`: the teacher's config as read already (checkpoint_config), else read here."""
     if cfg.data.init_from is not None:
         raise ConfigError("data.init_from: a student starts from scratch; distill from --teacher instead")
-    data = (teacher if isinstance(teacher, dict) else checkpoint_config(teacher))["data"]
+    data = (teacher_config if teacher_config is not None else checkpoint_config(teacher))["data"]
     return dataclasses.replace(
         cfg,
         data=dataclasses.replace(cfg.data, vocab_size=data["vocab_size"], subword_type=data["subword_type"]),
@@ -140,18 +141,18 @@ def distill(
     console: Console | None = None,
 ) -> dict:
     """Run the steps not yet done; returns the comparison (results.json), or the step times without it."""
-    from nmt.pipeline import average_last
+    from nmt.checkpoint import average_last
     from nmt.train import train
 
     console = console or Console(stderr=True)
     check_options(opts)
-    teacher = checkpoint_config(opts.teacher)
-    cfg = student_config(cfg, teacher)
-    check_teacher(cfg, opts, teacher)
+    teacher_config = checkpoint_config(opts.teacher)  # read once: the student's vocabulary, decode, compare
+    cfg = student_config(cfg, opts.teacher, teacher_config)
+    check_teacher(cfg, opts, teacher_config)
     if opts.mono is not None:
         check_mono(opts.mono, console)
     workdir = Path(workdir)
-    run = Run(cfg, opts, workdir, mirror, console)
+    run = Run(cfg, opts, workdir, mirror, console, teacher_config)
     run.check_settings()
     run.step("text", run.text)
     run.step("teacher", run.teacher)
@@ -175,21 +176,35 @@ def distill(
     console.rule("[bold]compare")
     from nmt.distill.compare import compare
 
-    return compare(cfg, opts, workdir, model, run.step_seconds(), console)
+    return compare(cfg, opts, workdir, model, run.step_seconds(), console, run.teacher_config)
 
 
 class Run:
     """The steps of one work directory, each a method that writes its outputs."""
 
     def __init__(
-        self, cfg: Config, opts: DistillOptions, workdir: Path, mirror: str | None, console: Console
+        self,
+        cfg: Config,
+        opts: DistillOptions,
+        workdir: Path,
+        mirror: str | None,
+        console: Console,
+        teacher_config: dict | None = None,
     ):
         self.cfg, self.opts, self.workdir, self.mirror, self.console = cfg, opts, workdir, mirror, console
+        self.given_teacher_config = teacher_config
         self.source = workdir / "source"
         self.dir = workdir / "distill"
         self.init_path = self.dir / "student-init.pt"
         self.times: dict[str, float] = {}
         self.src_lang, self.tgt_lang = cfg.data.src_lang, cfg.data.tgt_lang
+
+    @functools.cached_property
+    def teacher_config(self) -> dict:
+        """The teacher checkpoint's config, read once (or as `distill` read it)."""
+        if self.given_teacher_config is not None:
+            return self.given_teacher_config
+        return checkpoint_config(self.opts.teacher)
 
     # -- bookkeeping ------------------------------------------------------------------------------------
 
@@ -287,7 +302,7 @@ class Run:
         model = opts.teacher
         if opts.teacher_engine is Engine.CTRANSLATE2:
             model = self.teacher_export()
-        decode = checkpoint_config(opts.teacher)["decode"]
+        decode = self.teacher_config["decode"]
         overrides = DecodeOverrides.given(nbest=opts.nbest, beam=max(decode["beam"], opts.nbest))
         built = build_translator(
             model,

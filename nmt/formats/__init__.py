@@ -4,6 +4,8 @@ ctranslate2   a checkpoint as a CTranslate2 model folder (`--format ctranslate2`
 huggingface   MarianMT (OPUS-MT) and Pegasus (pre-norm) folders to and from checkpoints
               (`--format huggingface`, `nmt import`)
 export        `nmt export`: the checkpoint in the format asked for
+model_card    the README.md of an exported folder
+validate      foreign files checked before anything is built: config.json's fields and bounds, weights
 
 Both read and write checkpoints through nmt.checkpoint and nothing above it; the CTranslate2 engine
 (nmt.translate.ctranslate2_engine) reads the folders written here.

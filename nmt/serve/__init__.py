@@ -21,6 +21,10 @@ Every error, of every route and method, is {"error": "..."} with its status; wha
 validating a request raises is the client's (400), in one place (nmt.serve.http's POST endpoint). SIGTERM
 or SIGINT: stop accepting, close idle connections, answer the requests in flight, answer 503 to what the
 model cannot finish in time, stop the worker between batches and exit 0 within `shutdown_timeout`.
+
+Modules: settings (the limits), api (the request formats, validated and encoded), batcher (the model
+worker), http (uvicorn, the routes' errors, shutdown; `serve`), documents and markup (texts, HTML
+fragments and their tags), kept (translate="no" spans), detect (source "auto"), metrics, page.
 """
 
 from nmt.serve.batcher import Batcher

@@ -411,11 +411,9 @@ def serve(
 
     settings.check()
     # The checkpoint is read once; the server's translator prints no warnings: answers say what was cut.
-    built = build_translator(model_path, overrides, device, dtype, engine, None, "nmt serve")
-    if glossary is not None:
-        from nmt.translate.terminology import attach_terminology
-
-        attach_terminology(built.translator, glossary)
+    built = build_translator(
+        model_path, overrides, device, dtype, engine, None, "nmt serve", glossary=glossary
+    )
     sock = listen(host, port)
     metrics = Metrics(ROUTES)
     batcher = Batcher(built.translator, settings, metrics, console)

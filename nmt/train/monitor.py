@@ -166,3 +166,25 @@ class ProgressDisplay:
     def __exit__(self, *exc) -> None:
         if self.live:
             self.progress.stop()
+
+
+def training_summary(workdir: Path) -> dict:
+    """Updates, time and speed of training from metrics.jsonl."""
+    path = workdir / "metrics.jsonl"
+    train_records, valid_records = [], []
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            (train_records if record.get("kind") == "train" else valid_records).append(record)
+    if not train_records:
+        return {}
+    speeds = [r["tokens_per_s"] for r in train_records]
+    return {
+        "updates": train_records[-1]["step"],
+        "minutes": round(train_records[-1]["elapsed"] / 60, 1),
+        "target_tokens_per_s": round(sorted(speeds)[len(speeds) // 2]),
+        "best_valid_bleu": max((r["bleu"] for r in valid_records if r.get("bleu") is not None), default=None),
+    }

@@ -51,7 +51,7 @@ def setup_runtime(cfg: Config) -> Runtime:
     rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
-    device = resolve_device(cfg.train.device, local)
+    device = resolve_device(cfg.train.device, local, "train.device")
     if device.type == "cuda":
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = True

@@ -1,10 +1,13 @@
 """Translation: lines through one of two engines, built one way for every front end.
 
 frontend (the line contract: clean, cut, encode, batch by cost, detokenize), builder (a translator from
-the user's choices: models, engine, device, precision; for `nmt translate`, `nmt serve`, `nmt run` and
-validation), stream (`nmt translate`'s files and stdin), search (greedy, beam, sampling over the decoder
-contract), torch_engine and ctranslate2_engine (subword ids in, hypotheses out), ensemble (several models
-as one), int8 and prepacked (CPU kernels).
+the user's choices: models, engine, device, precision, glossary, workers; for `nmt translate`, `nmt serve`,
+`nmt run` and validation), stream (`nmt translate`'s files and stdin), split (--split-sentences), workers
+(--workers: the plan and the worker processes), search (greedy, beam, sampling over the decoder contract;
+Beams, the beam state), constraints (constrained beam search), terminology (glossaries and avoid lists:
+text -> constraints), torch_engine and ctranslate2_engine (subword ids in, hypotheses out), ensemble
+(several models as one), int8 and prepacked (CPU kernels), shortlist (each sentence decoded over its own
+set), align (word alignment from cross-attention).
 """
 
 from nmt.translate.builder import BuiltTranslator, build_translator, ctranslate2_translator, inference_model

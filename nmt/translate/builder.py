@@ -16,12 +16,14 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from nmt.checkpoint import LoadedModel, load_model
+from nmt.checkpoint import LoadedModel, read_model
 from nmt.config import DecodeConfig, DecodeOverrides, Engine, Precision
 from nmt.device import inference_dtype, resolve_device
 from nmt.errors import NmtError
 from nmt.subword import Subword
 from nmt.translate.frontend import LineTranslator, Translator
+from nmt.translate.terminology import build_terminology
+from nmt.translate.workers import WorkerPlan
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,9 @@ def build_translator(
     engine: Engine | str = Engine.TORCH,
     console: Console | None = None,
     command: str = "nmt translate",
-    ct2_threads: tuple[int, int] | None = None,
+    glossary: Path | None = None,
+    avoid: Path | None = None,
+    workers: WorkerPlan | None = None,
 ) -> BuiltTranslator:
     """The translator of `models`, decoding with their own settings overridden by `overrides`.
 
@@ -69,19 +73,25 @@ def build_translator(
     checkpoint's decode settings), or a model already in memory (validation: the model being trained).
     `dtype` None leaves a model in memory as it is, for the caller to use again: no precision cast, no
     int8 or prepacked kernels. Errors name the option; `command` names the caller in decode errors.
-    `ct2_threads`: CTranslate2's (inter_threads, intra_threads), by default (1, its own default).
+    `glossary` (a TSV of terms) and `avoid` (phrases): files the translator obeys (nmt.translate.terminology;
+    the engine's capability checked here, once). `workers`: who searches the batches (nmt.translate.workers:
+    planned before the model loads), fitted here to the model's own decode settings; None: this process.
     """
     engine = Engine.parse(engine, "--engine")
     precision = None if dtype is None else Precision.parse(dtype, "--dtype")
     overrides = overrides if overrides is not None else DecodeOverrides()
     torch_device = resolve_device(str(device))
     if engine is Engine.CTRANSLATE2:
-        return ctranslate2_build(models, overrides, torch_device, precision, console, command, ct2_threads)
+        return ctranslate2_build(
+            models, overrides, torch_device, precision, console, command, glossary, avoid, workers
+        )
+    payload = None  # the first checkpoint's shortlist entry: an ensemble shares the first model's vocabulary
     if isinstance(models, LoadedModel):
         loaded, names = [models], ["the model"]
     else:
         names = model_paths(models)
-        loaded = [load_model(path, torch_device) for path in names]
+        read = [read_model(path, torch_device) for path in names]
+        loaded, payload = [m for m, _ in read], read[0][1]
     model, subword, cfg = loaded[0]
     for name, (_, other, _) in zip(names[1:], loaded[1:], strict=True):
         if other.proto != subword.proto:
@@ -96,12 +106,14 @@ def build_translator(
         # a model in memory (validation) has no checkpoint to carry one: it is judged on the whole vocabulary
         decode = dataclasses.replace(decode, shortlist=False)
     elif decode.shortlist:
-        from nmt.shortlist import load_shortlist
+        from nmt.shortlist import carried_shortlist
 
-        shortlist = load_shortlist(names[0])  # an ensemble shares the first model's vocabulary
+        shortlist = carried_shortlist(names[0], payload)
+    workers = workers.fit(decode.sampling) if workers is not None else None
+    terminology = build_terminology(Engine.TORCH, decode, subword, model.max_positions, glossary, avoid)
     if precision is not None:
         model = inference_model(model, precision, torch_device)
-    translator = Translator(model, subword, decode, torch_device, console, shortlist)
+    translator = Translator(model, subword, decode, torch_device, console, shortlist, terminology, workers)
     languages = cfg.data.src_lang, cfg.data.tgt_lang
     return BuiltTranslator(translator, *languages, torch_device, precision_of(model))
 
@@ -117,7 +129,9 @@ def ctranslate2_build(
     precision: Precision | None,
     console,
     command,
-    threads: tuple[int, int] | None = None,
+    glossary: Path | None = None,
+    avoid: Path | None = None,
+    workers: WorkerPlan | None = None,
 ) -> BuiltTranslator:
     """A folder written by `nmt export --format ctranslate2`, decoded by CTranslate2."""
     if isinstance(models, LoadedModel):
@@ -131,8 +145,12 @@ def ctranslate2_build(
     meta = read_meta(paths[0])
     decode = overrides.apply(DecodeConfig(**meta["decode"]), command)
     compute = compute_type(precision or Precision.AUTO, device)
-    inter, intra = threads or (1, None)
-    translator = ctranslate2_translator(paths[0], decode, str(device), compute, intra, console, inter)
+    workers = workers.fit(decode.sampling) if workers is not None else None
+    inter, intra = (workers.ct2_threads if workers is not None else None) or (1, None)
+    translator = ctranslate2_translator(
+        paths[0], decode, str(device), compute, intra, console, inter, workers
+    )
+    build_terminology(Engine.CTRANSLATE2, decode, translator.subword, 0, glossary, avoid)  # refuses files
     used = translator.engine.compute_type  # what "default" turned out to be
     languages = meta["src_lang"], meta["tgt_lang"]
     return BuiltTranslator(translator, *languages, device, used)
@@ -146,12 +164,13 @@ def ctranslate2_translator(
     threads: int | None = None,
     console: Console | None = None,
     inter_threads: int = 1,
+    workers: WorkerPlan | None = None,
 ) -> LineTranslator:
     """Lines through CTranslate2, over a folder written by `nmt export` (its own subword model)."""
     from nmt.translate.ctranslate2_engine import CT2Engine
 
     engine = CT2Engine(Path(model_dir), decode, device, compute_type, threads, inter_threads)
-    return LineTranslator(engine, Subword.load(Path(model_dir) / "spm.model"), console)
+    return LineTranslator(engine, Subword.load(Path(model_dir) / "spm.model"), console, workers=workers)
 
 
 def inference_model(model, dtype: Precision | str, device: torch.device, prepack: bool = True):
@@ -164,7 +183,7 @@ def inference_model(model, dtype: Precision | str, device: torch.device, prepack
         raise NmtError(f"--dtype int8 runs on the CPU, not {device}: add --device cpu")
     torch_dtype = torch.float32 if int8 else inference_dtype(precision, device)
     # An Ensemble keeps its members in a plain list, out of reach of its own .to()
-    for member in getattr(model, "members", [model]):
+    for member in model.members:
         member.to(torch_dtype)
         if int8:
             from nmt.translate.int8 import quantize_int8
@@ -183,8 +202,8 @@ def precision_of(model) -> str:
     from nmt.translate.int8 import Int8Linear
     from nmt.translate.prepacked import PrepackedLinear
 
-    members = getattr(model, "members", [model])
-    kernels = {type(getattr(m, "output_kernel", None)) for m in members}
+    members = model.members
+    kernels = {type(m.output_kernel) for m in members}
     if kernels == {Int8Linear}:  # the embedding stays float32, but every product runs in int8
         return "int8"
     param = next(members[0].parameters(), None)

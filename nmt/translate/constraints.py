@@ -36,19 +36,17 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from nmt.tokens import BOS, EOS, PAD
+from nmt.tokens import EOS, PAD
 from nmt.translate.search import (
-    COMPACT_EVERY,
+    Beams,
     Decoder,
     Hypothesis,
     block_repeated_ngrams,
     expand_scores,
-    finalize,
     force_prefix,
-    hypotheses,
+    live_order,
     max_output_lengths,
     score_dtype,
-    sentence_done,
     step_log_probs,
     token_masks,
 )
@@ -68,6 +66,17 @@ class Constraint:
     @property
     def longest(self) -> int:
         return max(map(len, self.alternatives))
+
+
+@dataclass(frozen=True)
+class Terms:
+    """What a batch's search must obey (nmt.translate.torch_engine.TorchEngine.search): each sentence's
+    constraints, the phrases no translation may produce (token ids), and `glue` (V,) bool, the tokens that
+    may not follow a term (None: any may)."""
+
+    sentences: list[list[Constraint]]
+    avoid: list[list[int]]
+    glue: Tensor | None = None
 
 
 def constraint_tokens(constraints: list[Constraint]) -> list[int]:
@@ -260,56 +269,43 @@ def constrained_beam_search(
     right after a term so that a term ends a word ("Balkon", not "Balkonenen"); None: no such rule.
 
     src: (B, S) right-padded ids ending in EOS; prefix (B, P) forced first tokens or None. Rows of the
-    state are sentence-major: row i * K + j is beam j of sentence i.
+    state are sentence-major, as beam search's (nmt.translate.search.Beams).
     """
     if not 1 <= nbest <= beam:
         raise ValueError(f"nbest {nbest} must be between 1 and the beam size {beam}")
-    b, k, dev = src.shape[0], beam, src.device
+    k, dev, vocab = beam, src.device, model.vocab_size
     cons = constraint_batch(constraints, dev)
     blocked = phrase_groups(avoid or [], dev)
     max_lens = max_output_lengths(src, max_len_a, max_len_b, model.max_positions, prefix)  # (B,)
     max_lens = (max_lens + cons.extra).clamp(max=model.max_positions - 1)  # room for the terms
-    prefix = prefix.repeat_interleave(k, dim=0) if prefix is not None else None  # (B*K, P)
     steps = int(max_lens.max()) + 1
     memory, src_keep = model.encode(src)
-    state = model.init_state(memory, src_keep, steps, k)
-    dtype = score_dtype(memory)
-    masks = token_masks(model.vocab_size, dtype, dev)
-    vocab = model.vocab_size
+    masks = token_masks(vocab, score_dtype(memory), dev)
+    beams = Beams(src.shape[0], k, vocab, steps, max_lens, prefix, masks.free.dtype)
+    state = model.init_state(memory, src_keep, steps, beams.width)
+    rows_of = beams.width * src.shape[0]
     n_paths = cons.paths.shape[1]
-
-    ids = torch.arange(b, device=dev)
-    alive = torch.ones(b, dtype=torch.bool, device=dev)
-    scores = torch.full((b, k), -math.inf, dtype=dtype, device=dev)  # (B, K) raw scores of live hypotheses
-    scores[:, 0] = 0.0
-    pos = torch.zeros(b * k, n_paths, dtype=torch.long, device=dev)  # (B*K, P) progress along each path
-    placed = torch.zeros(b * k, cons.need.shape[1], dtype=torch.long, device=dev)  # (B*K, C+1)
-    ended = torch.zeros(b * k, dtype=torch.bool, device=dev)  # (B*K,) the last token completed a term
-    seqs = torch.full((b * k, steps), PAD, device=dev)
-    last = torch.full((b * k,), BOS, device=dev)
-    fin_scores = torch.full((b, k), -math.inf, dtype=dtype, device=dev)
-    fin_tokens = torch.full((b, k, steps), PAD, device=dev)
-    out_scores, out_tokens = fin_scores.clone(), fin_tokens.clone()
-    offsets = torch.arange(b, device=dev)[:, None] * k  # (B, 1)
-    per_row = [x.repeat_interleave(k, dim=0) for x in (cons.paths, cons.path_len, cons.owner, cons.need)]
-    first_limit = int(max_lens.min())
+    pos = torch.zeros(rows_of, n_paths, dtype=torch.long, device=dev)  # (rows, P) progress along each path
+    placed = torch.zeros(rows_of, cons.need.shape[1], dtype=torch.long, device=dev)  # (rows, C+1)
+    ended = torch.zeros(rows_of, dtype=torch.bool, device=dev)  # (rows,) the last token completed a term
+    per_row = [
+        x.repeat_interleave(beams.width, 0) for x in (cons.paths, cons.path_len, cons.owner, cons.need)
+    ]
     for t in range(steps):
         # 1. one decoder step; the step's distribution masked as beam search masks it, and by the terms
-        logits, state = model.step(last, state)
-        at_limit = (max_lens <= t).repeat_interleave(k) if t >= first_limit else None  # (B*K,)
-        lprobs = step_log_probs(logits, at_limit, masks, t < min_len)  # (B*K, V)
-        lprobs = block_phrases(
-            block_repeated_ngrams(lprobs, seqs[:, :t], no_repeat_ngram), seqs[:, :t], blocked
-        )
-        lprobs = force_prefix(lprobs, prefix, t)
-        lprobs = forbid_unplaced(lprobs, pos, placed, *per_row)
+        logits, state = model.step(beams.last, state)
+        lprobs = step_log_probs(logits, beams.at_limit(t), masks, t < min_len)  # (rows, V)
+        history = beams.seqs[:, :t]
+        lprobs = block_phrases(block_repeated_ngrams(lprobs, history, no_repeat_ngram), history, blocked)
+        lprobs = forbid_unplaced(force_prefix(lprobs, beams.row_prefix, t), pos, placed, *per_row)
         if glue is not None:
             lprobs.masked_fill_(ended[:, None] & glue, -math.inf)
         # 2. candidates: the 2K best, every hypothesis's best, and every token that advances a term
-        best_tokens = lprobs.argmax(1).view(b, k)  # (B, K)
-        wanted = next_tokens(pos, per_row[0]).view(b, k * n_paths)  # (B, K*P)
-        cand = expand_scores(scores, lprobs)  # (B, K*V)
-        beam_of = torch.arange(k, device=dev)
+        b, width = len(beams.alive), beams.width
+        best_tokens = lprobs.argmax(1).view(b, width)  # (B, width)
+        wanted = next_tokens(pos, per_row[0]).view(b, width * n_paths)  # (B, width*P)
+        cand = expand_scores(beams.scores, lprobs)  # (B, width*V)
+        beam_of = torch.arange(width, device=dev)
         flat = torch.cat(
             [
                 cand.topk(2 * k, dim=1).indices,
@@ -319,69 +315,44 @@ def constrained_beam_search(
             1,
         )  # (B, M)
         cand_scores = unique(flat, cand.gather(1, flat))  # (B, M)
-        cand_beams, cand_tokens = flat // vocab, flat % vocab
         # 3. each candidate's progress, its bank, and the 2K kept by dynamic beam allocation
-        parent = (offsets + cand_beams).view(-1)  # (B*M,)
         m = flat.shape[1]
+        parent = beams.rows(flat // vocab)  # (B*M,)
         cand_pos, cand_placed = advance(
             pos[parent].view(b, m, -1),
             placed[parent].view(b, m, -1),
-            cand_tokens,
+            flat % vocab,
             cons.paths[:, None].expand(-1, m, -1, -1),
             cons.path_len[:, None].expand(-1, m, -1),
             cons.owner[:, None].expand(-1, m, -1),
         )  # (B, M, P), (B, M, C+1)
         kept = allocate(cand_scores, banks(cand_pos, cand_placed, cons), 2 * k, int(cons.total.max()))
-        cand_scores, cand_beams, cand_tokens = (
-            x.gather(1, kept) for x in (cand_scores, cand_beams, cand_tokens)
-        )
+        cand_scores, flat = cand_scores.gather(1, kept), flat.gather(1, kept)  # (B, 2K)
         # 4. EOS among the first K finishes (only hypotheses with every term placed may emit it)
-        rows = (offsets + cand_beams[:, :k]).view(-1)  # (B*K,)
-        fin_scores, fin_tokens = finalize(
-            fin_scores,
-            fin_tokens,
-            cand_scores[:, :k],
-            cand_tokens[:, :k],
-            seqs.index_select(0, rows).view(-1, k, steps),
-            t + 1,
-            lenpen,
-        )
+        beams.finish(cand_scores, flat // vocab, flat % vocab, t, lenpen)
         # 5. the first K others stay live, with their progress
-        live = torch.sort((cand_tokens == EOS).to(torch.uint8), dim=1, stable=True).indices[:, :k]  # (B, K)
-        scores, beams, tokens = (x.gather(1, live) for x in (cand_scores, cand_beams, cand_tokens))
+        live = live_order(flat % vocab, k)  # (B, K)
         pick = kept.gather(1, live)[..., None]  # (B, K, 1) index among the M candidates
+        flat = flat.gather(1, live)
+        rows = beams.extend(cand_scores.gather(1, live), flat // vocab, flat % vocab, t)
         pos = cand_pos.gather(1, pick.expand(-1, -1, cand_pos.shape[2])).view(b * k, -1)
-        rows = (offsets + beams).view(-1)
         now_placed = cand_placed.gather(1, pick.expand(-1, -1, cand_placed.shape[2])).view(b * k, -1)
         ended = now_placed.sum(1) > placed.index_select(0, rows).sum(1)
         placed = now_placed
-        last = tokens.view(-1)
-        seqs = seqs.index_select(0, rows)
-        seqs[:, t] = last
+        if beams.widen():  # after step 0: the K beams copy their sentence's row, no reordering
+            state, rows = model.expand_beams(state, k), None
+            per_row = [x.repeat_interleave(k, 0) for x in per_row]
         # 6. finished sentences are recorded (the live bound uses the best live score: not the first)
-        best_live = scores.max(1, keepdim=True).values  # (B, 1)
-        done = sentence_done(fin_scores, best_live, t, max_lens, lenpen, nbest) & alive
-        alive &= ~done
-        n_done, n_dead = torch.stack([done.sum(), (~alive).sum()]).tolist()
-        if n_done:
-            out_scores[ids[done]], out_tokens[ids[done]] = fin_scores[done], fin_tokens[done]
-        if n_dead == len(alive):
+        beams.record(beams.done(t, lenpen, nbest, beams.scores.max(1, keepdim=True).values))
+        if beams.over:
             break
         # 7. the decoder state follows the beams; finished sentences leave once they are 1/COMPACT_EVERY
-        if n_dead * COMPACT_EVERY < len(alive):
-            state = model.reorder_beams(state, rows)
+        if not beams.crowded:
+            state = model.reorder_beams(state, rows) if rows is not None else state
             continue
-        keep = alive.nonzero().squeeze(1)  # (B',)
-        keep_rows = (keep[:, None] * k + torch.arange(k, device=dev)).view(-1)  # (B'*K,)
-        ids, max_lens, scores, alive = ids[keep], max_lens[keep], scores[keep], alive[keep]
-        fin_scores, fin_tokens = fin_scores[keep], fin_tokens[keep]
-        seqs, last, pos, placed = seqs[keep_rows], last[keep_rows], pos[keep_rows], placed[keep_rows]
-        ended = ended[keep_rows]
-        prefix = prefix[keep_rows] if prefix is not None else None
-        cons = cons.select(keep)
-        per_row = [x[keep_rows] for x in per_row]
-        offsets = offsets[: keep.numel()]
-        b = keep.numel()
-        first_limit = int(max_lens.min())
-        state = model.select_rows(state, rows[keep_rows])
-    return hypotheses(out_scores, out_tokens, nbest)
+        keep = beams.survivors()
+        keep_rows = beams.compact(keep)
+        pos, placed, ended = pos[keep_rows], placed[keep_rows], ended[keep_rows]
+        cons, per_row = cons.select(keep), [x[keep_rows] for x in per_row]
+        state = model.select_rows(state, rows[keep_rows] if rows is not None else keep_rows)
+    return beams.hypotheses(nbest)

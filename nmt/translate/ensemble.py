@@ -36,9 +36,14 @@ class Ensemble(nn.Module):
         super().__init__()
         if len({m.vocab_size for m in models}) != 1:
             raise ValueError("ensemble members must share one vocabulary")
-        self.members = list(models)  # a plain list: any object with the decoder contract may take part
+        self.models = list(models)  # a plain list: any object with the decoder contract may take part
         self.vocab_size = models[0].vocab_size
         self.max_positions = min(m.max_positions for m in models)
+
+    @property
+    def members(self) -> list[Decoder]:
+        """The models decoded as one."""
+        return self.models
 
     def train(self, mode: bool = True) -> Ensemble:
         super().train(mode)
@@ -51,9 +56,14 @@ class Ensemble(nn.Module):
         encoded = [m.encode(src) for m in self.members]
         return EnsembleMemory([mem for mem, _ in encoded]), [keep for _, keep in encoded]
 
-    def init_state(self, memory: EnsembleMemory, src_keep: list[Tensor], max_len: int, beam: int = 1) -> list:
+    def init_state(
+        self, memory: EnsembleMemory, src_keep: list[Tensor], max_len: int, beam: int = 1, output=None
+    ) -> list:
+        """Each member's state; `output` (a restricted output, nmt.translate.shortlist) is handed to each,
+        which builds its own over its own weights."""
+        given = {"output": output} if output is not None else {}  # members without one keep the contract
         return [
-            m.init_state(mem, keep, max_len, beam)
+            m.init_state(mem, keep, max_len, beam, **given)
             for m, mem, keep in zip(self.members, memory.parts, src_keep, strict=True)
         ]
 

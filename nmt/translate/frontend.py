@@ -94,20 +94,25 @@ class LineTranslator:
     """The engine-independent front end: clean, cut, encode, batch by cost, search, detokenize, in order.
 
     The engine (torch_engine.TorchEngine, ctranslate2_engine.CT2Engine) takes subword ids and returns
-    hypotheses; it knows nothing of lines or files: `engine.search(ids, prefixes, nbest) ->
-    list[list[Hypothesis]]`, the n best of each source (ids without EOS), best first; `engine.decode`,
-    the decode settings (held there alone); and `engine.max_positions`.
+    hypotheses; it knows nothing of lines or files: `engine.search(ids, prefixes, nbest, constraints) ->
+    list[list[Hypothesis]]`, the n best of each source (ids without EOS), best first, under a batch's
+    terms where given (nmt.translate.constraints.Terms); `engine.decode`, the decode settings (held there
+    alone); and `engine.max_positions`.
+
+    `terminology` (nmt.translate.terminology.Terminology): the glossary and avoid list every line obeys,
+    and to which a server's requests add theirs; None where the engine cannot obey one. `workers`
+    (nmt.translate.workers.WorkerPlan): who searches the batches while `workers.run(translator)` is open;
+    None: this process.
     """
 
-    def __init__(self, engine, subword, console: Console | None = None):
+    def __init__(self, engine, subword, console: Console | None = None, terminology=None, workers=None):
         self.engine, self.subword, self.console = engine, subword, console
+        self.terminology, self.workers = terminology, workers
         self.max_source = engine.max_positions - 1  # subwords before the EOS
         # A line is cut to this many characters before SentencePiece sees it (a 50 MB line would cost
         # minutes and gigabytes to encode whole): no subword is longer than MAX_PIECE_CHARS, so the cut
         # keeps every character the model's max_source subwords can hold.
         self.max_chars = self.max_source * MAX_PIECE_CHARS
-        self.terminology = None  # nmt.translate.terminology.Terminology: a glossary, an avoid list
-        self.pool = None  # nmt.translate.workers: batches searched by worker processes, or threads
 
     @property
     def decode(self) -> DecodeConfig:
@@ -136,7 +141,9 @@ class LineTranslator:
             keys = [i for i in sources if prefixes[i].strip()]
             for i, ids in zip(keys, self.subword.encode_target([prefixes[i] for i in keys]), strict=True):
                 forced[i] = ids[: self.max_source]
-        terms = self.terminology.apply({i: lines[i] for i in sources}) if self.terminology else None
+        terms = None
+        if self.terminology is not None and self.terminology.active:
+            terms = self.terminology.apply({i: lines[i] for i in sources})
         return self.search_sources(len(lines), sources, forced, constraints=terms, on_batch=on_batch)
 
     def encode(self, lines: list[str], first_line: int = 1) -> Encoded:
@@ -177,8 +184,14 @@ class LineTranslator:
         results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in range(count)]
         keys = [i for i in sources if i not in constraints] if constraints else list(sources)
         self.search_batches(results, keys, sources, forced, nbest, on_batch=on_batch)
-        if constraints:  # the terminology searches its own lines (and imports this module, not the reverse)
-            self.terminology.search(self, results, sources, forced, nbest, constraints, on_batch)
+        if constraints:  # the lines with terms: batched among themselves, searched under their terms
+            terms = self.terminology
+
+            def search(lines: list[int], ids: list[list[int]], prefixes, n) -> list:
+                return self.engine.search(ids, prefixes, n, terms.batch([constraints[i] for i in lines]))
+
+            keys = [i for i in sources if i in constraints]
+            self.search_batches(results, keys, sources, forced, nbest, search, on_batch)
         return results
 
     def search_batches(
@@ -223,10 +236,10 @@ class LineTranslator:
         self, work: list[tuple[list[list[int]], list[list[int]] | None]], nbest: int | None = None
     ) -> Iterator[tuple[int, list[list[tuple[str, float]]]]]:
         """(index, n-best of each line) of each batch of `work` (its sources' ids and forced prefixes),
-        in any order: one after another here, or by the worker processes of `pool`
-        (nmt.translate.workers) when `nmt translate` reads a file with --workers."""
-        if self.pool is not None:
-            return self.pool.search_many(work, nbest)
+        in any order: one after another here, or by the workers (nmt.translate.workers) while they run
+        (`nmt translate` reading a file with --workers)."""
+        if self.workers is not None and self.workers.running is not None:
+            return self.workers.running.search_many(work, nbest)
         return ((b, self.search_batch(ids, wanted, nbest)) for b, (ids, wanted) in enumerate(work))
 
     def search_batch(
@@ -273,6 +286,9 @@ class Translator(LineTranslator):
         device: torch.device,
         console: Console | None = None,
         shortlist=None,
+        terminology=None,
+        workers=None,
     ):
-        super().__init__(TorchEngine(model, decode, device, shortlist), subword, console)
+        engine = TorchEngine(model, decode, device, shortlist)
+        super().__init__(engine, subword, console, terminology, workers)
         self.model = model

@@ -107,7 +107,5 @@ def quantize_int8(model: nn.Module) -> nn.Module:
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
                 setattr(parent, name, Int8Linear(child.weight, child.bias))
-    for module in model.modules():
-        if hasattr(module, "output_kernel"):  # nmt.model.Transformer: the shared embedding as projection
-            module.output_kernel = Int8Linear(module.output_weight, module.output_bias)
+    model.compile_output(Int8Linear)  # the shared embedding as projection
     return model

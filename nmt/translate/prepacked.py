@@ -139,5 +139,5 @@ def prepack_decoder(model: nn.Module) -> bool:
             # rows of every possible count, where F.linear is as fast
             if isinstance(child, nn.Linear) and name != "kv_proj":
                 setattr(parent, name, PrepackedLinear(child.weight, child.bias))
-    model.output_kernel = PrepackedLinear(model.output_weight, model.output_bias)
+    model.compile_output(PrepackedLinear)
     return True

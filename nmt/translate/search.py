@@ -77,8 +77,12 @@ class Decoder(Protocol):
         """(B, S) source ids, each row ending in EOS, right-padded -> (memory, src_keep)."""
         ...
 
-    def init_state(self, memory: Memory, src_keep: Any, max_len: int, beam: int = 1) -> Any:
-        """A state of `beam` rows per sentence, sentence-major, for up to `max_len` steps."""
+    def init_state(
+        self, memory: Memory, src_keep: Any, max_len: int, beam: int = 1, output: Any = None
+    ) -> Any:
+        """A state of `beam` rows per sentence, sentence-major, for up to `max_len` steps. `output`: what
+        restricts the step's logits to each sentence's own target ids (nmt.translate.shortlist); the
+        search never passes one, a decoder over a shortlist does."""
         ...
 
     def step(self, tokens: Tensor, state: Any) -> tuple[Tensor, Any]:
@@ -261,13 +265,18 @@ def finalize(
     return scores, tokens.gather(1, pick[:, :, None].expand(-1, -1, tokens.shape[2]))  # (B, K, T)
 
 
-def select_live(cand_scores: Tensor, cand_beams: Tensor, cand_tokens: Tensor, k: int) -> tuple[Tensor, ...]:
-    """The K best candidates that do not end in EOS, best first: (B, 2K) each -> (B, K) each.
+def live_order(cand_tokens: Tensor, k: int) -> Tensor:
+    """Which K candidates stay live: the first K not ending in EOS, in candidate order: (B, 2K) -> (B, K).
 
     Among 2K candidates at most K end in EOS (one per beam), so K always remain. The sort is stable, so
     the candidates keep their score order.
     """
-    order = torch.sort((cand_tokens == EOS).to(torch.uint8), dim=1, stable=True).indices[:, :k]  # (B, K)
+    return torch.sort((cand_tokens == EOS).to(torch.uint8), dim=1, stable=True).indices[:, :k]  # (B, K)
+
+
+def select_live(cand_scores: Tensor, cand_beams: Tensor, cand_tokens: Tensor, k: int) -> tuple[Tensor, ...]:
+    """The K best candidates that do not end in EOS, best first (live_order): (B, 2K) each -> (B, K) each."""
+    order = live_order(cand_tokens, k)
     return cand_scores.gather(1, order), cand_beams.gather(1, order), cand_tokens.gather(1, order)
 
 
@@ -303,6 +312,128 @@ def hypotheses(scores: Tensor, tokens: Tensor, n: int) -> list[list[Hypothesis]]
             ]
         )
     return out
+
+
+class Beams:
+    """The bookkeeping of a beam search over a batch, shared by beam_search and the constrained search
+    (nmt.translate.constraints): the live hypotheses of each sentence, its K best finished ones, and the
+    sentences done.
+
+    Sentences are numbered as the batch is now (finished ones leave it on `compact`); `ids` gives each
+    one's place in the input. Rows of the decoder state are sentence-major, `width` per sentence: one at
+    step 0 (its K beams would all start from BOS alike) unless a vocabulary smaller than 2K leaves one
+    row too few candidates, K once `widen` has run.
+    """
+
+    def __init__(
+        self, b: int, k: int, vocab: int, steps: int, max_lens: Tensor, prefix: Tensor | None, dtype
+    ):
+        dev = max_lens.device
+        self.k, self.width = k, 1 if 2 * k <= vocab else k
+        self.ids = torch.arange(b, device=dev)  # (B,) original sentence of each live sentence
+        self.alive = torch.ones(b, dtype=torch.bool, device=dev)  # (B,) sentences still searching
+        self.max_lens = max_lens  # (B,)
+        self.prefix = prefix.repeat_interleave(k, dim=0) if prefix is not None else None  # (B*K, P)
+        self.scores = torch.full((b, self.width), -math.inf, dtype=dtype, device=dev)  # (B, width) raw
+        self.scores[:, 0] = 0.0  # one hypothesis (BOS) to start from; any other rows never win a slot
+        self.seqs = torch.full((b * self.width, steps), PAD, device=dev)  # (B*width, T) live tokens so far
+        self.last = torch.full((b * self.width,), BOS, device=dev)
+        self.fin_scores = torch.full((b, k), -math.inf, dtype=dtype, device=dev)  # (B, K) best first
+        self.fin_tokens = torch.full((b, k, steps), PAD, device=dev)
+        self.out_scores, self.out_tokens = self.fin_scores.clone(), self.fin_tokens.clone()
+        self.offsets = torch.arange(b, device=dev)[:, None] * self.width  # (B, 1) first row of each sentence
+        self.first_limit = int(max_lens.min())  # before this step no sentence is at its length limit
+        self.finished = False  # whether any hypothesis has finished
+        self.n_dead = 0  # sentences done but still in the batch
+
+    def at_limit(self, t: int) -> Tensor | None:
+        """(rows,) whether each row is at its sentence's length limit; None before any can be."""
+        return (self.max_lens <= t).repeat_interleave(self.width) if t >= self.first_limit else None
+
+    @property
+    def row_prefix(self) -> Tensor | None:
+        """(rows, P) each row's forced prefix."""
+        return self.prefix if self.prefix is None or self.width == self.k else self.prefix[:: self.k]
+
+    def rows(self, beams: Tensor) -> Tensor:
+        """(B, n) beams of each sentence -> (B*n,) their rows."""
+        return (self.offsets + beams).view(-1)
+
+    def finish(self, cand_scores: Tensor, cand_beams: Tensor, cand_tokens: Tensor, t: int, lenpen: float):
+        """Those among the K best candidates that end in EOS finish, with |Y| = t + 1 (at most steps none
+        does: a host check costs less than the operators of finalize on a CPU)."""
+        k = self.k
+        if not bool((cand_tokens[:, :k] == EOS).any()):
+            return
+        cand_seqs = self.seqs.index_select(0, self.rows(cand_beams[:, :k])).view(-1, k, self.seqs.shape[1])
+        self.fin_scores, self.fin_tokens = finalize(
+            self.fin_scores, self.fin_tokens, cand_scores[:, :k], cand_tokens[:, :k], cand_seqs, t + 1, lenpen
+        )
+        self.finished = True
+
+    def extend(self, scores: Tensor, beams: Tensor, tokens: Tensor, t: int) -> Tensor:
+        """The K live hypotheses of each sentence (B, K) each, their rows taking over their parents'
+        histories -> the rows (B*K,) taken, which the decoder state must follow."""
+        rows = self.rows(beams)
+        self.scores, self.last = scores, tokens.view(-1)
+        self.seqs = self.seqs.index_select(0, rows)
+        self.seqs[:, t] = self.last
+        return rows
+
+    def widen(self) -> bool:
+        """After step 0: each sentence's row has become its K beams. Whether it just did."""
+        if self.width == self.k:
+            return False
+        self.width, self.offsets = self.k, self.offsets * self.k
+        return True
+
+    def done(self, t: int, lenpen: float, nbest: int, live: Tensor | None = None) -> Tensor | None:
+        """(B,) the sentences done after step t (sentence_done; `live` the live scores it bounds, by
+        default the live scores, best first); None where none can be: no hypothesis has finished and
+        none has reached its length limit."""
+        if not (self.finished or t >= self.first_limit):
+            return None
+        live = self.scores if live is None else live
+        return sentence_done(self.fin_scores, live, t, self.max_lens, lenpen, nbest) & self.alive
+
+    def record(self, done: Tensor | None) -> None:
+        """The sentences `done` (B,) keep their finished hypotheses and stop searching."""
+        n_done = int(done.sum()) if done is not None else 0
+        if n_done:
+            self.alive &= ~done
+            self.n_dead += n_done
+            self.out_scores[self.ids[done]] = self.fin_scores[done]
+            self.out_tokens[self.ids[done]] = self.fin_tokens[done]
+
+    @property
+    def over(self) -> bool:
+        return self.n_dead == len(self.alive)
+
+    @property
+    def crowded(self) -> bool:
+        """Whether the finished sentences are 1/COMPACT_EVERY of the batch: time they left it."""
+        return self.n_dead * COMPACT_EVERY >= len(self.alive)
+
+    def survivors(self) -> Tensor:
+        return self.alive.nonzero().squeeze(1)  # (B',)
+
+    def compact(self, keep: Tensor) -> Tensor:
+        """Only the sentences `keep` (B',) stay -> their rows (B'*K,), for what else follows the rows."""
+        keep_rows = (keep[:, None] * self.k + torch.arange(self.k, device=keep.device)).view(-1)  # (B'*K,)
+        self.ids, self.max_lens, self.scores = self.ids[keep], self.max_lens[keep], self.scores[keep]
+        self.alive, self.fin_scores, self.fin_tokens = (
+            self.alive[keep],
+            self.fin_scores[keep],
+            self.fin_tokens[keep],
+        )
+        self.seqs, self.last = self.seqs[keep_rows], self.last[keep_rows]
+        self.prefix = self.prefix[keep_rows] if self.prefix is not None else None
+        self.offsets = self.offsets[: keep.numel()]
+        self.first_limit, self.n_dead = int(self.max_lens.min()), 0
+        return keep_rows
+
+    def hypotheses(self, nbest: int) -> list[list[Hypothesis]]:
+        return hypotheses(self.out_scores, self.out_tokens, nbest)
 
 
 # ---- the searches -----------------------------------------------------------------------------------
@@ -385,87 +516,40 @@ def beam_search(
     """Beam search (module docstring) -> the `nbest` best hypotheses of each sentence, best first.
 
     src: (B, S) right-padded ids, each row ending in EOS; prefix: (B, P) forced first tokens or None.
-    Rows of the decoder state are sentence-major: row i * K + j is beam j of sentence i.
+    Rows of the decoder state are sentence-major: row i * K + j is beam j of sentence i (Beams).
     """
     if not 1 <= nbest <= beam:
         raise ValueError(f"nbest {nbest} must be between 1 and the beam size {beam}")
-    b, k, dev = src.shape[0], beam, src.device
+    k = beam
     max_lens = max_output_lengths(src, max_len_a, max_len_b, model.max_positions, prefix)  # (B,)
-    prefix = prefix.repeat_interleave(k, dim=0) if prefix is not None else None  # (B*K, P)
     steps = int(max_lens.max()) + 1  # decoder positions: BOS + up to max_len tokens
     memory, src_keep = model.encode(src)
-    # Step 0 runs one row per sentence (its K beams would all start from BOS alike), unless a vocabulary
-    # smaller than 2K leaves one row too few candidates; the state then widens to K rows per sentence.
-    width = 1 if 2 * k <= model.vocab_size else k  # rows per sentence in the decoder state
-    state = model.init_state(memory, src_keep, steps, width)
-    dtype = score_dtype(memory)
-    masks = token_masks(model.vocab_size, dtype, dev)
-
-    ids = torch.arange(b, device=dev)  # original sentence of each live sentence
-    alive = torch.ones(b, dtype=torch.bool, device=dev)  # sentences still searching
-    scores = torch.full((b, width), -math.inf, dtype=dtype, device=dev)  # (B, width) raw live scores
-    scores[:, 0] = 0.0  # one hypothesis (BOS) to start from; any other rows never win a slot
-    seqs = torch.full((b * width, steps), PAD, device=dev)  # (B*width, T) live tokens so far
-    last = torch.full((b * width,), BOS, device=dev)
-    fin_scores = torch.full((b, k), -math.inf, dtype=dtype, device=dev)  # (B, K) best first
-    fin_tokens = torch.full((b, k, steps), PAD, device=dev)
-    out_scores, out_tokens = fin_scores.clone(), fin_tokens.clone()
-    offsets = torch.arange(b, device=dev)[:, None] * width  # (B, 1) first row of each sentence
-    first_limit = int(max_lens.min())  # before this step no sentence is at its length limit
-    finished, n_dead = False, 0  # whether any hypothesis has finished; sentences done but in the batch
+    masks = token_masks(model.vocab_size, score_dtype(memory), src.device)
+    beams = Beams(src.shape[0], k, model.vocab_size, steps, max_lens, prefix, masks.free.dtype)
+    state = model.init_state(memory, src_keep, steps, beams.width)
     for t in range(steps):
         # 1. one decoder step for every live hypothesis
-        logits, state = model.step(last, state)
-        at_limit = (max_lens <= t).repeat_interleave(width) if t >= first_limit else None  # (B*width,)
-        lprobs = step_log_probs(logits, at_limit, masks, t < min_len)  # (B*width, V)
-        row_prefix = prefix if prefix is None or width == k else prefix[::k]
-        lprobs = force_prefix(block_repeated_ngrams(lprobs, seqs[:, :t], no_repeat_ngram), row_prefix, t)
+        logits, state = model.step(beams.last, state)
+        lprobs = step_log_probs(logits, beams.at_limit(t), masks, t < min_len)  # (B*width, V)
+        lprobs = block_repeated_ngrams(lprobs, beams.seqs[:, :t], no_repeat_ngram)
+        lprobs = force_prefix(lprobs, beams.row_prefix, t)
         # 2. the 2K best one-token extensions of each sentence
-        cand_scores, cand_beams, cand_tokens = top_candidates(
-            expand_scores(scores, lprobs), 2 * k, lprobs.shape[1]
-        )
-        # 3. those among the K best that end in EOS finish, with |Y| = t + 1 (at most steps none does: a
-        # host check costs less than the operators of finalize on a CPU)
-        if bool((cand_tokens[:, :k] == EOS).any()):
-            rows = (offsets + cand_beams[:, :k]).view(-1)  # (B*K,)
-            cand_seqs = seqs.index_select(0, rows).view(-1, k, steps)  # (B, K, T)
-            fin_scores, fin_tokens = finalize(
-                fin_scores, fin_tokens, cand_scores[:, :k], cand_tokens[:, :k], cand_seqs, t + 1, lenpen
-            )
-            finished = True
+        cand = top_candidates(expand_scores(beams.scores, lprobs), 2 * k, lprobs.shape[1])  # 3 x (B, 2K)
+        # 3. those among the K best that end in EOS finish
+        beams.finish(*cand, t, lenpen)
         # 4. the K best others stay live: their rows take over their parents' histories
-        scores, beams, tokens = select_live(cand_scores, cand_beams, cand_tokens, k)  # (B, K) each
-        rows = (offsets + beams).view(-1)  # (B*K,)
-        last = tokens.view(-1)
-        seqs = seqs.index_select(0, rows)
-        seqs[:, t] = last
-        if width < k:  # after step 0: each sentence's row becomes its K beams, which need no reordering
-            state, width, offsets = model.expand_beams(state, k), k, offsets * k
-            rows = None
-        # 5. finished sentences are recorded; no sentence can be done before a hypothesis has finished
-        # or one has reached its length limit
-        if finished or t >= first_limit:
-            done = sentence_done(fin_scores, scores, t, max_lens, lenpen, nbest) & alive  # (B,)
-            n_done = int(done.sum())
-            if n_done:
-                alive &= ~done
-                n_dead += n_done
-                out_scores[ids[done]], out_tokens[ids[done]] = fin_scores[done], fin_tokens[done]
-        if n_dead == len(alive):
+        rows = beams.extend(*select_live(*cand, k), t)
+        if beams.widen():  # after step 0: the K beams copy their sentence's row, no reordering
+            state, rows = model.expand_beams(state, k), None
+        # 5. finished sentences are recorded
+        beams.record(beams.done(t, lenpen, nbest))
+        if beams.over:
             break
         # 6. the decoder state follows the beams; finished sentences leave it once they are 1/COMPACT_EVERY
         # of the batch, in the same gather
-        if n_dead * COMPACT_EVERY < len(alive):
-            if rows is not None:
-                state = model.reorder_beams(state, rows)
+        if not beams.crowded:
+            state = model.reorder_beams(state, rows) if rows is not None else state
             continue
-        keep = alive.nonzero().squeeze(1)  # (B',)
-        keep_rows = (keep[:, None] * k + torch.arange(k, device=dev)).view(-1)  # (B'*K,)
-        ids, max_lens, scores, alive = ids[keep], max_lens[keep], scores[keep], alive[keep]
-        fin_scores, fin_tokens = fin_scores[keep], fin_tokens[keep]
-        seqs, last = seqs[keep_rows], last[keep_rows]
-        prefix = prefix[keep_rows] if prefix is not None else None
-        offsets = offsets[: keep.numel()]
-        first_limit, n_dead = int(max_lens.min()), 0
+        keep_rows = beams.compact(beams.survivors())
         state = model.select_rows(state, rows[keep_rows] if rows is not None else keep_rows)
-    return hypotheses(out_scores, out_tokens, nbest)
+    return beams.hypotheses(nbest)

@@ -14,8 +14,10 @@ class SentenceTranslator:
     def __init__(self, translator, language: str):
         self.translator, self.language = translator, language
 
-    def __getattr__(self, name):  # max_chars, decode, ...: the line translator's own
-        return getattr(self.translator, name)
+    @property
+    def max_chars(self) -> int:
+        """The characters of a line the line translator keeps."""
+        return self.translator.max_chars
 
     def translate_nbest(
         self, lines: list[str], first_line: int = 1, prefixes: list[str] | None = None, on_batch=None

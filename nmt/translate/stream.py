@@ -9,14 +9,12 @@ What happens to each line then is the front end's (nmt.translate.frontend). Warn
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-import torch
 from rich.console import Console
 
 from nmt.atomic import STDIN, refuse_inputs
@@ -27,8 +25,7 @@ from nmt.output import output_stream, stdout, write_failed
 from nmt.progress import Progress, count_lines
 from nmt.translate.builder import build_translator
 from nmt.translate.split import SentenceTranslator
-from nmt.translate.terminology import attach_terminology
-from nmt.translate.workers import BatchThreads, WorkerPool, plan_workers, single_threaded_parent
+from nmt.translate.workers import plan as worker_plan
 
 CHUNK_LINES = 2000  # lines read, sorted and batched together; their translations are flushed together
 
@@ -130,72 +127,42 @@ def translate_stream(
     `glossary` (a TSV of terms) and `avoid` (phrases) are obeyed by the search (nmt.translate.terminology).
     `workers`: processes that search the batches (nmt.translate.workers); None: the default for the input.
     """
-    if split_sentences and prefix is not None:
-        raise ConfigError(
-            "--prefix and --split-sentences: a prefix begins a line's translation, not a sentence's"
-        )
-    # Before anything is opened for writing: an output that is an input would be emptied before it is read.
-    # Standard input counts only when it is read: `-i in.en -o F < F` destroys nothing.
-    models = model_path if isinstance(model_path, list) else [model_path]
-    refuse_inputs(output, [*models, STDIN if input is None else input, prefix, glossary, avoid])
-    if output is None:
-        stdout()  # a closed standard output is one line now, not after the model has loaded
+    check_files(model_path, input, output, prefix, glossary, avoid, split_sentences)
     interactive = interactive or (input is None and sys.stdin.isatty())
-    terms = glossary is not None or avoid is not None
-    requested, engine = workers, Engine.parse(engine, "--engine")
-    sampling = bool(overrides.values.get("sampling"))
-    workers = plan_workers(requested, engine, resolve_device(device), interactive, terms, sampling)
-    parent_threads = torch.get_num_threads()  # given back at the end (a caller in the same process)
-    ct2 = engine is Engine.CTRANSLATE2
-    threads = 0
-    if workers > 1:
-        threads = max(1, parent_threads // workers) if ct2 else single_threaded_parent(workers)
-    ct2_threads = (workers, threads) if ct2 and workers > 1 else None
+    terms, sampling = glossary is not None or avoid is not None, bool(overrides.values.get("sampling"))
+    plan = worker_plan(workers, engine, resolve_device(device), interactive, terms, sampling)
+    source = prefixes = None
     try:
         built = build_translator(
-            model_path, overrides, device, dtype, engine, console, ct2_threads=ct2_threads
+            model_path,
+            overrides,
+            device,
+            dtype,
+            engine,
+            console,
+            glossary=glossary,
+            avoid=avoid,
+            workers=plan,
         )
-    except BaseException:
-        torch.set_num_threads(parent_threads)
-        raise
-    translator, decode = built.translator, built.decode
-    if workers > 1 and decode.sampling:  # the model's own recipe samples: one random stream, one process
-        if requested is not None:
-            raise ConfigError(f"--workers {workers}: sampling draws from one random stream; use --workers 1")
-        torch.set_num_threads(parent_threads)
-        workers = 1
-    if decode.shortlist and (scored or decode.nbest > 1):
-        console.print("scores are log-probabilities over each sentence's shortlist, not the whole vocabulary")
-    attach_terminology(translator, glossary, avoid)
-    if split_sentences:
-        translator = SentenceTranslator(translator, built.src_lang)
-    source = open_input(input)
-    prefixes = open_input(prefix) if prefix is not None else None
-    max_bytes = 4 * translator.max_chars + 4  # UTF-8: enough bytes for the characters kept, no more read
-    start, done = time.perf_counter(), 0
-    # Forked before the progress bar starts its thread and before an -o file's temporary file is opened.
-    pool = None
-    if workers > 1:
-        pool = (
-            BatchThreads(built.translator, workers) if ct2 else WorkerPool(built.translator, workers, threads)
-        )
-    built.translator.pool = pool
-    progress = translation_progress(input, output, interactive, console)
-    try:
-        with pool or contextlib.nullcontext(), output_stream(output) as sink:
+        translator, decode = built.translator, built.decode
+        if decode.shortlist and (scored or decode.nbest > 1):
+            console.print(
+                "scores are log-probabilities over each sentence's shortlist, not the whole vocabulary"
+            )
+        lines_of = SentenceTranslator(translator, built.src_lang) if split_sentences else translator
+        source, prefixes = open_input(input), open_input(prefix) if prefix is not None else None
+        max_bytes = 4 * translator.max_chars + 4  # UTF-8: enough bytes for the characters kept, no more read
+        start, done = time.perf_counter(), 0
+        with (  # the workers fork before the progress bar starts its thread and an -o file is opened
+            translator.workers.run(translator),
+            translation_progress(input, output, interactive, console) as progress,
+            output_stream(output) as sink,
+        ):
             for chunk in read_chunks(source, 1 if interactive else CHUNK_LINES, max_bytes):
                 lines = decode_chunk(chunk, done + 1, console)
-                wanted = None
-                if prefixes is not None:
-                    wanted = decode_chunk(
-                        [read_line(prefixes, prefix, done + i + 1, max_bytes) for i in range(len(chunk))],
-                        done + 1,
-                        console,
-                    )
+                wanted = read_prefixes(prefixes, prefix, done, len(chunk), max_bytes, console)
                 before = progress.done  # advanced per batch, so a long chunk still moves the display
-                results = translator.translate_nbest(
-                    lines, first_line=done + 1, prefixes=wanted, on_batch=progress.advance
-                )
+                results = lines_of.translate_nbest(lines, done + 1, wanted, on_batch=progress.advance)
                 sink.write(format_lines(results, done, scored=scored or decode.nbest > 1))
                 sink.flush()
                 done += len(chunk)
@@ -206,14 +173,38 @@ def translate_stream(
             raise  # the command line's boundary ends quietly
         raise problem from None
     finally:
-        progress.close()
-        torch.set_num_threads(parent_threads)
+        plan.restore()  # the threads the process had (a caller in the same process)
         for stream in (source, prefixes):
             if stream is not None and stream is not sys.stdin.buffer:
                 stream.close()
     if not interactive:
         seconds = time.perf_counter() - start
         console.print(f"translated {done} lines in {seconds:.1f} s ({done / max(seconds, 1e-9):.1f} lines/s)")
+
+
+def check_files(
+    model_path, input: Path | None, output: Path | None, prefix, glossary, avoid, split_sentences: bool
+) -> None:
+    """Before anything is opened for writing: an output that is an input would be emptied before it is
+    read. Standard input counts only when it is read: `-i in.en -o F < F` destroys nothing."""
+    if split_sentences and prefix is not None:
+        raise ConfigError(
+            "--prefix and --split-sentences: a prefix begins a line's translation, not a sentence's"
+        )
+    models = model_path if isinstance(model_path, list) else [model_path]
+    refuse_inputs(output, [*models, STDIN if input is None else input, prefix, glossary, avoid])
+    if output is None:
+        stdout()  # a closed standard output is one line now, not after the model has loaded
+
+
+def read_prefixes(
+    stream: BinaryIO | None, path: Path | None, done: int, n: int, max_bytes: int, console: Console
+) -> list[str] | None:
+    """The prefixes of the next `n` lines (after `done`) from the --prefix file; None without one."""
+    if stream is None:
+        return None
+    raw = [read_line(stream, path, done + i + 1, max_bytes) for i in range(n)]
+    return decode_chunk(raw, done + 1, console)
 
 
 def translation_progress(input: Path | None, output: Path | None, interactive: bool, console) -> Progress:

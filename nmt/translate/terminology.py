@@ -37,8 +37,7 @@ from nmt.config import Engine
 from nmt.errors import NmtError
 from nmt.subword import Subword
 from nmt.tokens import UNK
-from nmt.translate.constraints import Constraint, constrained_beam_search, constraint_tokens, renumbered
-from nmt.translate.search import Hypothesis
+from nmt.translate.constraints import Constraint, Terms
 
 WORD_START = "\u2581"  # SentencePiece's word-start marker
 
@@ -340,11 +339,10 @@ class Terminology:
                 )
         return [c for c, _ in pairs]
 
-    def search(
-        self, translator, results: list, sources: dict, forced, nbest, constraints, on_batch=None
-    ) -> None:
-        """The lines with terms, searched under them: `search_terms`."""
-        search_terms(translator, results, sources, forced, nbest, constraints, on_batch)
+    def batch(self, sentences: list[list[Constraint]]) -> Terms:
+        """What a batch's search obeys (TorchEngine.search's `constraints`): its sentences' constraints, the
+        avoid list and the glue."""
+        return Terms(sentences, [list(p) for p in self.avoid], self.glue)
 
     def apply(
         self, lines: dict[int, str], extra: Glossary | None = None, kept: dict[int, list[str]] | None = None
@@ -370,89 +368,46 @@ class Terminology:
         return bool(len(self.glossary) or self.avoid)
 
 
-def search_constrained(
-    engine,
-    ids: list[list[int]],
-    constraints: list[list[Constraint]],
-    avoid: list[tuple[int, ...]],
-    prefixes: list[list[int]] | None = None,
-    nbest: int | None = None,
-    glue: torch.Tensor | None = None,
-) -> list[list[Hypothesis]]:
-    """engine.search's answer, under constraints: the PyTorch engine's model searched by
-    nmt.translate.constraints, with the engine's decode settings (and its shortlist, each sentence's set
-    holding every token of its terms). Sentences no hypothesis could place every term in are searched
-    again without them (they get their best translation, not none)."""
-    d = engine.decode
-    n = d.nbest if nbest is None else nbest
-    phrases = [list(p) for p in avoid]
-
-    def search(decoder, src: torch.Tensor, prefix: torch.Tensor | None, numbering: torch.Tensor | None):
-        terms, banned, ends = constraints, phrases, glue
-        if numbering is not None:  # a shortlist's union: the terms in its numbering
-            terms, banned, ends = renumbered(constraints, phrases, glue, numbering)
-        return constrained_beam_search(
-            decoder, src, terms, d.beam, d.lenpen, d.max_len_a, d.max_len_b, n,
-            min_len=d.min_len, no_repeat_ngram=d.no_repeat_ngram_size, prefix=prefix,
-            avoid=banned, glue=ends.to(src.device) if ends is not None else None,
-        )  # fmt: skip
-
-    found = engine.run(search, ids, prefixes, [constraint_tokens(c) for c in constraints])
-    missing = [i for i, hyps in enumerate(found) if not hyps]
-    if missing:
-        again = engine.search(
-            [ids[i] for i in missing], [prefixes[i] for i in missing] if prefixes else None, n
-        )
-        for i, hyps in zip(missing, again, strict=True):
-            found[i] = hyps
-    return found
+def refusal(engine: Engine, decode) -> str | None:
+    """Why an engine (its name) cannot obey glossaries and avoid lists (they need the PyTorch engine's beam
+    search) with these decode settings; None where it can."""
+    if engine is not Engine.TORCH:
+        return "--engine ctranslate2 takes no glossary or avoid list; use --engine torch"
+    if decode.sampling:
+        return "a glossary or avoid list works with beam search, not with --sampling"
+    return None
 
 
 def check_engine(engine, decode) -> None:
-    """Glossaries and avoid lists need the PyTorch engine's beam search: one line says so otherwise."""
-    if getattr(engine, "name", None) is not Engine.TORCH:
-        raise NmtError("--engine ctranslate2 takes no glossary or avoid list; use --engine torch")
-    if decode.sampling:
-        raise NmtError("a glossary or avoid list works with beam search, not with --sampling")
-
-
-def search_terms(
-    translator, results: list, sources: dict, forced: dict | None, nbest, constraints, on_batch=None
-) -> None:
-    """The lines with terms (`constraints`, by line index) of a front end's search_sources: batched among
-    themselves (a batch of the usual budget, not a few lines beside the others) by its search_batches
-    and searched under their terms."""
-    engine, terms = translator.engine, translator.terminology
-    check_engine(engine, engine.decode)
-
-    def search(lines: list[int], ids: list[list[int]], prefixes, n):
-        return search_constrained(
-            engine, ids, [constraints[i] for i in lines], terms.avoid, prefixes, n, terms.glue
-        )
-
-    keys = [i for i in sources if i in constraints]
-    translator.search_batches(results, keys, sources, forced, nbest, search, on_batch)
+    """One line saying why the engine cannot obey a glossary or avoid list, where it cannot."""
+    if (why := refusal(getattr(engine, "name", None), decode)) is not None:
+        raise NmtError(why)
 
 
 def server_terminology(translator) -> Terminology | None:
     """What a server checks its requests against: the translator's own terminology (nmt serve
-    --glossary), or an empty one to which requests add theirs; None on an engine that takes none."""
-    if getattr(translator.engine, "name", None) is not Engine.TORCH or translator.decode.sampling:
-        return None
-    if translator.terminology is None:
-        translator.terminology = Terminology(translator.subword, translator.engine.max_positions)
+    --glossary, or an empty one to which requests add theirs); None on an engine that takes none."""
     return translator.terminology
 
 
-def attach_terminology(translator, glossary: Path | None = None, avoid: Path | None = None) -> None:
-    """Give a line translator (nmt.translate.frontend.LineTranslator) a glossary file and an avoid-list
-    file to obey; the CTranslate2 engine and sampling are refused in one line."""
-    if glossary is None and avoid is None:
-        return
-    check_engine(translator.engine, translator.decode)
-    translator.terminology = Terminology(
-        translator.subword,
-        translator.engine.max_positions,
+def build_terminology(
+    engine: Engine,
+    decode,
+    subword: Subword,
+    max_positions: int,
+    glossary: Path | None = None,
+    avoid: Path | None = None,
+) -> Terminology | None:
+    """A front end's terminology: the glossary and avoid-list files to obey, the engine's capability checked
+    once (an error where files are given to one that cannot obey them). Without files, an empty one where
+    the engine could obey one (a server's requests add theirs), else None."""
+    if (why := refusal(engine, decode)) is not None:
+        if glossary is not None or avoid is not None:
+            raise NmtError(why)
+        return None
+    return Terminology(
+        subword,
+        max_positions,
         read_glossary(glossary) if glossary is not None else None,
         read_avoid(avoid) if avoid is not None else [],
     )

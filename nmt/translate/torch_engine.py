@@ -15,6 +15,7 @@ from torch import Tensor
 
 from nmt.config import DecodeConfig, Engine
 from nmt.tokens import EOS, PAD
+from nmt.translate.constraints import Terms, constrained_beam_search, constraint_tokens, renumbered
 from nmt.translate.search import Hypothesis, Sampler, beam_search, greedy_search
 
 
@@ -51,11 +52,18 @@ class TorchEngine:
             self.generator = torch.Generator(self.device).manual_seed(decode.seed)
 
     def search(
-        self, ids: list[list[int]], prefixes: list[list[int]] | None = None, nbest: int | None = None
+        self,
+        ids: list[list[int]],
+        prefixes: list[list[int]] | None = None,
+        nbest: int | None = None,
+        constraints: Terms | None = None,
     ) -> list[list[Hypothesis]]:
-        """The `nbest` (by default decode.nbest) best of each source, best first."""
+        """The `nbest` (by default decode.nbest) best of each source, best first; with `constraints`, the
+        best that obey them (`constrained`)."""
         d = self.decode
         n = d.nbest if nbest is None else nbest
+        if constraints is not None:
+            return self.constrained(ids, prefixes, n, constraints)
         if d.sampling:
             return self.sample(ids, prefixes, n)
         if d.beam == 1:
@@ -68,6 +76,34 @@ class TorchEngine:
             )  # fmt: skip
 
         return self.run(beam, ids, prefixes)
+
+    def constrained(
+        self, ids: list[list[int]], prefixes: list[list[int]] | None, n: int, terms: Terms
+    ) -> list[list[Hypothesis]]:
+        """Beam search under `terms` (nmt.translate.constraints), with the decode settings and the
+        shortlist (each sentence's set holding every token of its terms). Sentences no hypothesis could
+        place every term in are searched again without them (they get their best translation, not none)."""
+        d = self.decode
+
+        def search(decoder, src: Tensor, prefix: Tensor | None, numbering: Tensor | None):
+            constraints, avoid, glue = terms.sentences, terms.avoid, terms.glue
+            if numbering is not None:  # a shortlist's union: the terms in its numbering
+                constraints, avoid, glue = renumbered(constraints, avoid, glue, numbering)
+            return constrained_beam_search(
+                decoder, src, constraints, d.beam, d.lenpen, d.max_len_a, d.max_len_b, n,
+                min_len=d.min_len, no_repeat_ngram=d.no_repeat_ngram_size, prefix=prefix,
+                avoid=avoid, glue=glue.to(src.device) if glue is not None else None,
+            )  # fmt: skip
+
+        found = self.run(search, ids, prefixes, [constraint_tokens(c) for c in terms.sentences])
+        missing = [i for i, hyps in enumerate(found) if not hyps]
+        if missing:
+            again = self.search(
+                [ids[i] for i in missing], [prefixes[i] for i in missing] if prefixes else None, n
+            )
+            for i, hyps in zip(missing, again, strict=True):
+                found[i] = hyps
+        return found
 
     def run(
         self,
@@ -82,9 +118,9 @@ class TorchEngine:
 
         Without a shortlist the decoder is the model, `numbering` None. With one, each sentence decodes
         over its own set, its prefix and its `extra` ids (the tokens its terms are written with) added,
-        the search in the numbering of the batch's union (nmt.shortlist.ShortlistDecoder): `prefix` is
-        in it already, and `numbering` (U,) gives the vocabulary id of each of its tokens, for what
-        else the search is given in vocabulary ids."""
+        the search in the numbering of the batch's union (nmt.translate.shortlist.ShortlistDecoder):
+        `prefix` is in it already, and `numbering` (U,) gives the vocabulary id of each of its tokens, for
+        what else the search is given in vocabulary ids."""
         model = self.model
         was_training = model.training
         model.eval()
@@ -93,7 +129,7 @@ class TorchEngine:
                 src, prefix = padded_sources(ids, self.device), padded_prefixes(prefixes, self.device)
                 if self.shortlist is None:
                     return search(model, src, prefix, None)
-                from nmt.shortlist import ShortlistDecoder
+                from nmt.translate.shortlist import ShortlistDecoder
 
                 added = [p for p in (prefix, padded_prefixes(extra, self.device)) if p is not None]
                 decoder = ShortlistDecoder(model, self.shortlist, src, torch.cat(added, 1) if added else None)

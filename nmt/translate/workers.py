@@ -21,18 +21,21 @@ parent alone.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import traceback
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
 from multiprocessing import get_context
 from multiprocessing.connection import Connection, wait
 
 import torch
 
-from nmt.errors import NmtError
+from nmt.config import Engine
+from nmt.errors import ConfigError, NmtError
 
 
 class WorkerDied(NmtError):
@@ -53,7 +56,7 @@ class WorkerPool:
     """`workers` forked processes, each searching whole batches with `translator` in `threads` threads.
 
     `search_many` has the signature of LineTranslator.search_many: the line translator hands it its
-    batches when it has a pool (`translator.pool`)."""
+    batches while its WorkerPlan runs one."""
 
     def __init__(self, translator, workers: int, threads: int):
         context = get_context("fork")
@@ -176,8 +179,7 @@ def work(conn: Connection, ends: list[Connection], translator, threads: int) -> 
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGHUP, signal.SIG_DFL)
-        torch.set_num_threads(threads)
-        translator.pool = None  # the fork's copy of the front end searches here
+        torch.set_num_threads(threads)  # the fork's copy of the front end searches here (search_batch)
         while True:
             try:
                 job = conn.recv()
@@ -236,3 +238,76 @@ def plan_workers(
     if requested is not None:
         return requested
     return 1 if terms else max(1, torch.get_num_threads())
+
+
+@dataclass
+class WorkerPlan:
+    """How `nmt translate` searches its batches: `workers` at once, each in `threads` threads (0: one
+    process, its threads as they are). The torch engine's workers are processes (WorkerPool), forked after
+    the model is loaded; CTranslate2's are its inter_threads (BatchThreads), in one process."""
+
+    requested: int | None  # --workers, None: the default
+    workers: int
+    threads: int
+    ct2: bool
+    parent_threads: int  # the process's threads before the plan: given back by `restore`
+    running: WorkerPool | BatchThreads | None = None  # while `run` is open
+
+    @property
+    def ct2_threads(self) -> tuple[int, int] | None:
+        """CTranslate2's (inter_threads, intra_threads), None: its defaults."""
+        return (self.workers, self.threads) if self.ct2 and self.workers > 1 else None
+
+    def fit(self, sampling: bool) -> WorkerPlan:
+        """The plan once the model's own decode settings are known: a recipe that samples draws from one
+        random stream, so one process (an error where --workers asked for more)."""
+        if self.workers <= 1 or not sampling:
+            return self
+        if self.requested is not None:
+            raise ConfigError(
+                f"--workers {self.workers}: sampling draws from one random stream; use --workers 1"
+            )
+        self.restore()
+        return WorkerPlan(self.requested, 1, 0, self.ct2, self.parent_threads)
+
+    def restore(self) -> None:
+        torch.set_num_threads(self.parent_threads)
+
+    @contextlib.contextmanager
+    def run(self, translator) -> Iterator[None]:
+        """The workers of `translator` (a LineTranslator) while the block runs: forked here, before any
+        thread (a progress bar's) starts and before an -o file's temporary file is opened."""
+        if self.workers <= 1:
+            yield
+            return
+        pool = (
+            BatchThreads(translator, self.workers)
+            if self.ct2
+            else WorkerPool(translator, self.workers, self.threads)
+        )
+        with pool:
+            self.running = pool
+            try:
+                yield
+            finally:
+                self.running = None
+
+
+def plan(
+    requested: int | None,
+    engine: Engine | str,
+    device: torch.device,
+    interactive: bool,
+    terms: bool,
+    sampling: bool = False,
+) -> WorkerPlan:
+    """The worker plan of `nmt translate` (plan_workers), made before the model loads: with worker
+    processes the process drops to one thread now, as forking needs (the module docstring's OpenMP rule),
+    and each worker takes its share of the threads after the fork."""
+    workers = plan_workers(requested, engine, device, interactive, terms, sampling)
+    parent = torch.get_num_threads()
+    ct2 = Engine.parse(engine, "--engine") is Engine.CTRANSLATE2
+    threads = 0
+    if workers > 1:
+        threads = max(1, parent // workers) if ct2 else single_threaded_parent(workers)
+    return WorkerPlan(requested, workers, threads, ct2, parent)
