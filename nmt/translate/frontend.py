@@ -19,6 +19,7 @@ import torch
 from rich.console import Console
 
 from nmt.config import DecodeConfig
+from nmt.translate.constraints import beam_needed
 from nmt.translate.torch_engine import TorchEngine
 
 # Every character str.splitlines() breaks on: none may survive inside one output line.
@@ -188,7 +189,9 @@ class LineTranslator:
             terms = self.terminology
 
             def search(lines: list[int], ids: list[list[int]], prefixes, n) -> list:
-                return self.engine.search(ids, prefixes, n, terms.batch([constraints[i] for i in lines]))
+                batch = terms.batch([constraints[i] for i in lines])
+                self.note_beam(beam_needed(batch.sentences))
+                return self.engine.search(ids, prefixes, n, batch)
 
             keys = [i for i in sources if i in constraints]
             self.search_batches(results, keys, sources, forced, nbest, search, on_batch)
@@ -269,6 +272,17 @@ class LineTranslator:
         shown = ", ".join(str(first_line + i) for i in bad[:10]) + more
         self.warn(f"control characters replaced by spaces on line {shown}")
         return lines
+
+    def note_beam(self, width: int) -> None:
+        """Said once: lines with terms search at a wider beam than asked (TorchEngine.constrained)."""
+        if width > self.decode.beam and not getattr(self, "beam_noted", False) and self.console is not None:
+            self.beam_noted = True
+            self.console.print(
+                f"glossary: a line with terms searches at a beam of its terms' subwords + 1 at least "
+                f"({width} here), not {self.decode.beam}: dynamic beam allocation needs a row for each",
+                highlight=False,
+                soft_wrap=True,
+            )
 
     def warn(self, message: str) -> None:
         if self.console is not None:
