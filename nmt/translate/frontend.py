@@ -35,6 +35,11 @@ CONTROL = re.compile(f"[{re.escape(CONTROLS)}]")
 CONTROL_TO_SPACE = str.maketrans(dict.fromkeys(CONTROLS, " "))
 
 
+def line_number(first_line: int | list[int], i: int) -> int:
+    """The number warnings give lines[i]: first_line + i, or first_line[i] where each has its own."""
+    return first_line[i] if isinstance(first_line, list) else first_line + i
+
+
 def cut_line(line: str, max_chars: int) -> str:
     """The first `max_chars` characters, ending at a space where there is one in the last quarter, so the
     last word kept is whole and encodes as it would in the full line."""
@@ -126,13 +131,14 @@ class LineTranslator:
     def translate_nbest(
         self,
         lines: list[str],
-        first_line: int = 1,
+        first_line: int | list[int] = 1,
         prefixes: list[str] | None = None,
         on_batch: Callable[[int], None] | None = None,
     ) -> list[list[tuple[str, float]]]:
         """Up to decode.nbest (text, score) pairs per line, best first; a blank line gives [("", 0.0)].
 
-        `first_line` numbers the lines in warnings (a stream passes the line number of lines[0]).
+        `first_line` numbers the lines in warnings (a stream passes the line number of lines[0]; a list
+        gives each its own, as sentences split from lines get their line's).
         `prefixes`, one per line ("" for none), are target text each translation must begin with.
         `on_batch(n)` is told after each batch how many lines it translated (a progress display).
         """
@@ -147,7 +153,7 @@ class LineTranslator:
             terms = self.terminology.apply({i: lines[i] for i in sources})
         return self.search_sources(len(lines), sources, forced, constraints=terms, on_batch=on_batch)
 
-    def encode(self, lines: list[str], first_line: int = 1) -> Encoded:
+    def encode(self, lines: list[str], first_line: int | list[int] = 1) -> Encoded:
         """The lines cleaned, cut, encoded and truncated, each cut line with a warning (`first_line`
         numbers them)."""
         cut = {i for i, line in enumerate(lines) if len(line) > self.max_chars}
@@ -159,7 +165,7 @@ class LineTranslator:
             if i in cut or len(ids) > self.max_source:
                 size = f"over {self.max_chars:,} characters" if i in cut else f"{len(ids)} subwords"
                 limit = f"the model's {self.max_source} subwords"
-                self.warn(f"line {first_line + i}: {size}, truncated to {limit}")
+                self.warn(f"line {line_number(first_line, i)}: {size}, truncated to {limit}")
                 encoded.truncated.add(i)
                 ids = ids[: self.max_source]
             if ids:  # a line of characters the subword model drops entirely translates to nothing
@@ -259,7 +265,7 @@ class LineTranslator:
             out.append([(one_line(text), h.score) for text, h in zip(texts, hyps, strict=True)])
         return out
 
-    def clean(self, lines: list[str], first_line: int) -> list[str]:
+    def clean(self, lines: list[str], first_line: int | list[int]) -> list[str]:
         """Control characters (NUL, ESC, BEL, ...) become spaces, with one warning naming the lines, so a
         line of nothing else is blank, as a blank line, rather than a sentence of unknown tokens."""
         bad = [i for i, line in enumerate(lines) if CONTROL.search(line)]
@@ -269,7 +275,7 @@ class LineTranslator:
         for i in bad:
             lines[i] = lines[i].translate(CONTROL_TO_SPACE)
         more = f" and {len(bad) - 10} more" if len(bad) > 10 else ""
-        shown = ", ".join(str(first_line + i) for i in bad[:10]) + more
+        shown = ", ".join(str(n) for n in dict.fromkeys(line_number(first_line, i) for i in bad[:10])) + more
         self.warn(f"control characters replaced by spaces on line {shown}")
         return lines
 
