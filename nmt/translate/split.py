@@ -53,11 +53,20 @@ class SentenceTranslator:
     def translate_nbest(
         self, lines: list[str], first_line: int = 1, prefixes: list[str] | None = None, on_batch=None
     ) -> list[list[tuple[str, float]]]:
-        # on_batch counts lines, and a batch here holds sentences: the caller counts the chunk when done
         split = [split_sentences(line, self.language) for line in lines]
         sentences = [s for sents, _ in split for s in sents]
         numbers = [first_line + k for k, (sents, _) in enumerate(split) for _ in sents]  # warnings name lines
-        results = self.translator.translate_nbest(sentences, numbers) if sentences else []
+        counted = None
+        if on_batch is not None and sentences:  # on_batch counts lines: a sentence is a share of one
+            share, told = len(lines) / len(sentences), [0.0, 0]
+
+            def counted(n: int) -> None:
+                told[0] += n * share
+                if (whole := int(told[0]) - told[1]) > 0:
+                    told[1] += whole
+                    on_batch(whole)
+
+        results = self.translator.translate_nbest(sentences, numbers, on_batch=counted) if sentences else []
         out, at = [], 0
         for sents, gaps in split:
             mine, at = results[at : at + len(sents)], at + len(sents)
