@@ -537,11 +537,13 @@ def translate(
     engine: EngineOpt = Engine.TORCH,
     shortlist: ShortlistOpt = None,
     split_sentences: Annotated[
-        bool,
+        bool | None,
         typer.Option(
-            "--split-sentences", help="Translate each line sentence by sentence, joined with its own spacing."
+            "--split-sentences/--no-split-sentences",
+            help="Translate each line sentence by sentence, joined with its own spacing (the default, "
+            "but with --prefix). --no-split-sentences: each line whole, as one sentence (fairseq's way).",
         ),
-    ] = False,
+    ] = None,
     workers: Annotated[
         int | None,
         typer.Option(

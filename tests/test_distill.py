@@ -507,3 +507,20 @@ def test_distill_killed_by_signals_inside_its_steps_resumes_to_the_same_student(
     weights, want_weights = got.pop("weights"), want.pop("weights")
     assert got == want
     assert all(torch.equal(weights[k], want_weights[k]) for k in want_weights)
+
+
+def test_the_results_table_fits_a_log_in_plain_lines():
+    """A fixed-width table written to a log was cut to 80 columns ("teach…")."""
+    from nmt.distill.compare import show
+
+    row = {
+        "system": "teacher", "engine": "ctranslate2", "precision": "float16", "beam": 4,
+        "test": "test_2016_flickr", "bleu": 35.031, "chrf": 61.2, "sentences_per_s": 123.4,
+        "latency_ms": 56.7,
+    }  # fmt: skip
+    out = StringIO()
+    show({"rows": [row, {**row, "system": "student"}]}, Console(file=out, width=80))
+    lines = out.getvalue().splitlines()
+    assert "…" not in out.getvalue() and len(lines) == 4
+    assert lines[2].split("\t") == ["teacher", "ctranslate2", "float16", "4", "test_2016_flickr", "35.03",
+                                    "61.20", "123.4", "56.7"]  # fmt: skip

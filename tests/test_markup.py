@@ -190,7 +190,7 @@ class Reverser:
 
     max_chars = 1000
 
-    def translate_nbest(self, lines, first_line=1, prefixes=None):
+    def translate_nbest(self, lines, first_line=1, prefixes=None, on_batch=None):
         blank = [("", 0.0)]
         return [[(reverse(line), -float(len(line.split())))] if line.strip() else blank for line in lines]
 

@@ -4,6 +4,7 @@ lines without a match come out as they would without a glossary."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -254,3 +255,26 @@ def test_the_ctranslate2_engine_and_sampling_refuse_a_glossary_in_one_line(loade
     with pytest.raises(NmtError, match="--engine ctranslate2 takes no glossary"):
         check_engine(SimpleNamespace(name=Engine.CTRANSLATE2), cfg.decode)
     check_engine(SimpleNamespace(name=Engine.TORCH), cfg.decode)
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("beam", [1, 4])
+def test_a_term_is_placed_and_the_rest_of_the_line_survives_at_any_beam(synthetic_run, beam):
+    """Dynamic beam allocation keeps a row per bank (constraint tokens met): at beam 1 the only row left
+    was the one furthest along the term, which put it first and dropped the words before it."""
+    from nmt.checkpoint import load_model
+
+    model, sub, cfg = load_model(synthetic_run / "checkpoints" / "best.pt")
+    decode = dataclasses.replace(cfg.decode, beam=beam)
+    lines = ["a b c d e f", "p o n c l", "c a b d", "b d f h c"]  # "c" once, at the start, inside, at the end
+    plain = Translator(model, sub, decode, torch.device("cpu")).translate(lines)
+    assert plain == [" ".join(reversed(line.split())) for line in lines]  # the model has learned the task
+    target = "k"
+    terms = Terminology(sub, 64, glossary(("c", target)))
+    got = Translator(model, sub, decode, torch.device("cpu"), terminology=terms).translate(lines)
+    for line, a, b in zip(lines, plain, got, strict=True):
+        assert b.count(target) == 1, (line, b)
+        # every other word of the translation survives, in its order (this model copies the source word
+        # beside the term rather than replace it: which of the two it writes is the model's choice)
+        rest = iter(b.replace(target, " ").split())
+        assert all(w in rest for w in a.split() if w != "c"), (line, a, b)

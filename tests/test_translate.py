@@ -362,3 +362,52 @@ def test_translating_a_file_on_a_terminal_draws_a_bar_on_stderr(checkpoint, tmp_
     assert "translate small.en" in drawn and "30/30" in drawn and "lines/s" in drawn, drawn
     assert len(target.read_text().splitlines()) == 30
     assert capfdbinary.readouterr().out == b""
+
+
+def translate_cli(model, text: str, *flags: str) -> tuple[list[str], str]:
+    from .conftest import cli
+
+    result = cli("translate", "-m", model, "--beam", "1", *flags, stdin=text.encode())
+    assert result.returncode == 0, result.stderr
+    return out_lines(result.stdout), result.stderr.decode()
+
+
+@pytest.mark.numerics
+def test_a_line_of_several_sentences_is_translated_whole_by_default(synthetic_run):
+    """A model trained on one sentence a line ends after the first: a line is split into its sentences
+    by default, and --no-split-sentences (each line whole) warns of a line whose translation is short."""
+    model = synthetic_run / "checkpoints" / "best.pt"
+    parts = ["a b c d e f g h.", "p o n m l k j.", "c e g i k m."]
+    alone, _ = translate_cli(model, "".join(p + "\n" for p in parts))
+    (got,), _ = translate_cli(model, " ".join(parts) + "\n")
+    assert got == " ".join(alone)  # each sentence, as it translates alone, in its place
+    (explicit,), _ = translate_cli(model, " ".join(parts) + "\n", "--split-sentences")
+    assert explicit == got
+
+
+def test_a_translation_much_shorter_than_its_source_is_found():
+    from nmt.translate.split import short_lines
+
+    src = "Two dogs play in the snow. A woman is reading a book on a bench. A child eats ice cream."
+    full = "Zwei Hunde spielen im Schnee. Eine Frau liest auf einer Bank ein Buch. Ein Kind isst Eis."
+    assert short_lines(
+        [src, src, "One sentence.", ""], ["Zwei Hunde spielen im Schnee.", full, "Ein.", ""]
+    ) == [(0, 1, 3)]
+
+
+@pytest.mark.numerics
+def test_a_paragraph_longer_than_a_sentence_may_be_is_cut_only_after_splitting(synthetic_run, monkeypatch):
+    """Lines were read cut to what one sentence may hold (4 bytes a character of it), before splitting:
+    most of a long paragraph went, without a word."""
+    from nmt.translate import stream
+
+    model = synthetic_run / "checkpoints" / "best.pt"
+    (one,), _ = translate_cli(model, "a b c?\n")
+    paragraph = " ".join(["a b c?"] * 800)  # 5,600 bytes: past the 4,036 a line was read to
+    (got,), err = translate_cli(model, paragraph + "\n")
+    # the splitter cuts a few of so many identical sentences elsewhere: the length says none was lost
+    whole = len(" ".join([one] * 800))
+    assert 0.95 * whole <= len(got) <= 1.05 * whole and "warning" not in err
+    monkeypatch.setattr(stream, "SPLIT_MAX_CHARS", 700)  # a stated cap still bounds what is read
+    (got,), err = translate_cli(model, paragraph + "\n")
+    assert 0.9 * whole / 8 <= len(got) <= 1.1 * whole / 8 and "line 1: over 700 characters, cut" in err

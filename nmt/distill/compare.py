@@ -182,22 +182,14 @@ def write_results(workdir: Path, results: dict) -> None:
     atomic.write_text(workdir / "results.md", "\n".join(lines) + "\n")
 
 
+SHOWN = ("system", "engine", "precision", "beam", "test set", "BLEU", "chrF", "sent/s", "latency ms")
+
+
 def show(results: dict, console: Console) -> None:
-    table = Table(title="teacher against student")
-    for column in (
-        "system",
-        "engine",
-        "precision",
-        "beam",
-        "test set",
-        "BLEU",
-        "chrF",
-        "sent/s",
-        "latency ms",
-    ):
-        table.add_column(column)
-    for r in results["rows"]:
-        table.add_row(
+    """The results as a table on a terminal; elsewhere (a log file, a pipe) as plain tab-separated lines,
+    which a fixed-width table would cut to 80 columns ("teach…")."""
+    rows = [
+        [
             r["system"],
             r["engine"],
             r["precision"],
@@ -207,5 +199,17 @@ def show(results: dict, console: Console) -> None:
             f"{r['chrf']:.2f}",
             str(r["sentences_per_s"]),
             str(r["latency_ms"]),
-        )
+        ]
+        for r in results["rows"]
+    ]
+    if not console.is_terminal:
+        console.print("teacher against student", highlight=False)
+        for row in [list(SHOWN), *rows]:  # written as is: rich would expand the tabs
+            console.file.write("\t".join(row) + "\n")
+        return
+    table = Table(title="teacher against student")
+    for column in SHOWN:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*row)
     console.print(table)

@@ -292,7 +292,8 @@ class Run:
         return self.source / "clean" / f"train.{self.src_lang}"
 
     def teacher(self) -> dict:
-        from nmt.translate import build_translator
+        from nmt.device import resolve_device
+        from nmt.translate.workers import plan as worker_plan
 
         opts = self.opts
         lines = read_lines(self.teacher_source())
@@ -304,6 +305,20 @@ class Run:
             model = self.teacher_export()
         decode = self.teacher_config["decode"]
         overrides = DecodeOverrides.given(nbest=opts.nbest, beam=max(decode["beam"], opts.nbest))
+        # the worker plan `nmt translate` makes for a whole file: a process per thread on the CPU
+        plan = worker_plan(None, opts.teacher_engine, resolve_device(self.cfg.train.device), False, False)
+        try:
+            return self.teach(lines, todo, chunks, nbest_dir, model, overrides, plan)
+        finally:
+            plan.restore()
+
+    def teach(self, lines, todo, chunks, nbest_dir, model, overrides, plan) -> dict:
+        """The teacher's chunks `todo` translated through the workers of `plan`, with the progress (lines,
+        lines/s, ETA) `nmt translate` shows."""
+        from nmt.progress import Progress
+        from nmt.translate import build_translator
+
+        opts = self.opts
         built = build_translator(
             model,
             overrides,
@@ -312,6 +327,7 @@ class Run:
             opts.teacher_engine,
             self.console,
             command="nmt distill",
+            workers=plan,
         )
         self.console.print(
             f"teacher: {opts.teacher} on {built.engine} ({built.describe()}), beam {built.decode.beam}, "
@@ -319,21 +335,13 @@ class Run:
             f"{chunks - len(todo)} already done",
             highlight=False,
         )
-        start = time.perf_counter()
-        for n, k in enumerate(todo, 1):
-            part = lines[k * opts.chunk_lines : (k + 1) * opts.chunk_lines]
-            results = built.translator.translate_nbest(part)
-            text = "".join(
-                json.dumps(
-                    {"hyps": [h for h, _ in r], "scores": [round(s, 6) for _, s in r]}, ensure_ascii=False
-                )
-                + "\n"
-                for r in results
-            )
-            atomic.write_text(chunk_path(nbest_dir, k), text)
-            done = sum(len(lines[j * opts.chunk_lines : (j + 1) * opts.chunk_lines]) for j in todo[:n])
-            rate = done / (time.perf_counter() - start)
-            self.console.print(f"teacher: chunk {k + 1}/{chunks}, {rate:.1f} lines/s", highlight=False)
+        remaining = sum(len(lines[k * opts.chunk_lines : (k + 1) * opts.chunk_lines]) for k in todo)
+        with (  # the workers fork before the progress display starts its thread
+            built.translator.workers.run(built.translator),
+            Progress(self.console, "teacher", remaining) as progress,
+        ):
+            for k in todo:
+                self.teach_chunk(built, lines, k, nbest_dir, progress)
         return {
             "lines": len(lines),
             "chunks": chunks,
@@ -342,6 +350,20 @@ class Run:
             "beam": built.decode.beam,
             "nbest": opts.nbest,
         }
+
+    def teach_chunk(self, built, lines: list[str], k: int, nbest_dir: Path, progress) -> None:
+        """Chunk `k`'s n-best, written whole (a killed run resumes at its first missing chunk)."""
+        size = self.opts.chunk_lines
+        part = lines[k * size : (k + 1) * size]
+        before = progress.done
+        results = built.translator.translate_nbest(part, on_batch=progress.advance)
+        text = "".join(
+            json.dumps({"hyps": [h for h, _ in r], "scores": [round(s, 6) for _, s in r]}, ensure_ascii=False)
+            + "\n"
+            for r in results
+        )
+        atomic.write_text(chunk_path(nbest_dir, k), text)
+        progress.advance(len(part) - (progress.done - before))  # the blank lines, not searched
 
     def chunk_done(self, folder: Path, k: int, total: int) -> bool:
         """Whether chunk `k` is there whole: one n-best list per line of its part. A chunk is written

@@ -79,6 +79,15 @@ class Terms:
     glue: Tensor | None = None
 
 
+def beam_needed(sentences: list[list[Constraint]]) -> int:
+    """The smallest beam that keeps every bank of every sentence live: its constraint tokens + 1 (Post &
+    Vilar, 2018). Banks count constraint tokens met, and the first K of the kept candidates are taken one
+    per bank, the most advanced first: with fewer rows than banks, the hypotheses that have placed nothing
+    yet (the ones that translate the words before the term) are the first to go, and the term comes out
+    first with the subject dropped."""
+    return 1 + max((sum(c.count * c.shortest for c in cons) for cons in sentences), default=0)
+
+
 def constraint_tokens(constraints: list[Constraint]) -> list[int]:
     """Every token id a sentence's terms may be written with, sorted: what a per-sentence vocabulary
     (a shortlist) must keep for the search to be able to place them."""

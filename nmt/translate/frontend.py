@@ -19,6 +19,7 @@ import torch
 from rich.console import Console
 
 from nmt.config import DecodeConfig
+from nmt.translate.constraints import beam_needed
 from nmt.translate.torch_engine import TorchEngine
 
 # Every character str.splitlines() breaks on: none may survive inside one output line.
@@ -32,6 +33,11 @@ MAX_PIECE_CHARS = 16
 CONTROLS = "".join(map(chr, [*range(0x00, 0x09), *range(0x0A, 0x20), *range(0x7F, 0xA0)]))
 CONTROL = re.compile(f"[{re.escape(CONTROLS)}]")
 CONTROL_TO_SPACE = str.maketrans(dict.fromkeys(CONTROLS, " "))
+
+
+def line_number(first_line: int | list[int], i: int) -> int:
+    """The number warnings give lines[i]: first_line + i, or first_line[i] where each has its own."""
+    return first_line[i] if isinstance(first_line, list) else first_line + i
 
 
 def cut_line(line: str, max_chars: int) -> str:
@@ -125,13 +131,14 @@ class LineTranslator:
     def translate_nbest(
         self,
         lines: list[str],
-        first_line: int = 1,
+        first_line: int | list[int] = 1,
         prefixes: list[str] | None = None,
         on_batch: Callable[[int], None] | None = None,
     ) -> list[list[tuple[str, float]]]:
         """Up to decode.nbest (text, score) pairs per line, best first; a blank line gives [("", 0.0)].
 
-        `first_line` numbers the lines in warnings (a stream passes the line number of lines[0]).
+        `first_line` numbers the lines in warnings (a stream passes the line number of lines[0]; a list
+        gives each its own, as sentences split from lines get their line's).
         `prefixes`, one per line ("" for none), are target text each translation must begin with.
         `on_batch(n)` is told after each batch how many lines it translated (a progress display).
         """
@@ -146,7 +153,7 @@ class LineTranslator:
             terms = self.terminology.apply({i: lines[i] for i in sources})
         return self.search_sources(len(lines), sources, forced, constraints=terms, on_batch=on_batch)
 
-    def encode(self, lines: list[str], first_line: int = 1) -> Encoded:
+    def encode(self, lines: list[str], first_line: int | list[int] = 1) -> Encoded:
         """The lines cleaned, cut, encoded and truncated, each cut line with a warning (`first_line`
         numbers them)."""
         cut = {i for i, line in enumerate(lines) if len(line) > self.max_chars}
@@ -158,7 +165,7 @@ class LineTranslator:
             if i in cut or len(ids) > self.max_source:
                 size = f"over {self.max_chars:,} characters" if i in cut else f"{len(ids)} subwords"
                 limit = f"the model's {self.max_source} subwords"
-                self.warn(f"line {first_line + i}: {size}, truncated to {limit}")
+                self.warn(f"line {line_number(first_line, i)}: {size}, truncated to {limit}")
                 encoded.truncated.add(i)
                 ids = ids[: self.max_source]
             if ids:  # a line of characters the subword model drops entirely translates to nothing
@@ -188,7 +195,9 @@ class LineTranslator:
             terms = self.terminology
 
             def search(lines: list[int], ids: list[list[int]], prefixes, n) -> list:
-                return self.engine.search(ids, prefixes, n, terms.batch([constraints[i] for i in lines]))
+                batch = terms.batch([constraints[i] for i in lines])
+                self.note_beam(beam_needed(batch.sentences))
+                return self.engine.search(ids, prefixes, n, batch)
 
             keys = [i for i in sources if i in constraints]
             self.search_batches(results, keys, sources, forced, nbest, search, on_batch)
@@ -256,7 +265,7 @@ class LineTranslator:
             out.append([(one_line(text), h.score) for text, h in zip(texts, hyps, strict=True)])
         return out
 
-    def clean(self, lines: list[str], first_line: int) -> list[str]:
+    def clean(self, lines: list[str], first_line: int | list[int]) -> list[str]:
         """Control characters (NUL, ESC, BEL, ...) become spaces, with one warning naming the lines, so a
         line of nothing else is blank, as a blank line, rather than a sentence of unknown tokens."""
         bad = [i for i, line in enumerate(lines) if CONTROL.search(line)]
@@ -266,9 +275,20 @@ class LineTranslator:
         for i in bad:
             lines[i] = lines[i].translate(CONTROL_TO_SPACE)
         more = f" and {len(bad) - 10} more" if len(bad) > 10 else ""
-        shown = ", ".join(str(first_line + i) for i in bad[:10]) + more
+        shown = ", ".join(str(n) for n in dict.fromkeys(line_number(first_line, i) for i in bad[:10])) + more
         self.warn(f"control characters replaced by spaces on line {shown}")
         return lines
+
+    def note_beam(self, width: int) -> None:
+        """Said once: lines with terms search at a wider beam than asked (TorchEngine.constrained)."""
+        if width > self.decode.beam and not getattr(self, "beam_noted", False) and self.console is not None:
+            self.beam_noted = True
+            self.console.print(
+                f"glossary: a line with terms searches at a beam of its terms' subwords + 1 at least "
+                f"({width} here), not {self.decode.beam}: dynamic beam allocation needs a row for each",
+                highlight=False,
+                soft_wrap=True,
+            )
 
     def warn(self, message: str) -> None:
         if self.console is not None:

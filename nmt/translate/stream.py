@@ -24,10 +24,15 @@ from nmt.errors import ConfigError, NmtError
 from nmt.output import output_stream, stdout, write_failed
 from nmt.progress import Progress, count_lines
 from nmt.translate.builder import build_translator
-from nmt.translate.split import SentenceTranslator
+from nmt.translate.frontend import cut_line
+from nmt.translate.split import SentenceTranslator, short_lines
 from nmt.translate.workers import plan as worker_plan
 
 CHUNK_LINES = 2000  # lines read, sorted and batched together; their translations are flushed together
+CHUNK_BYTES = 64 << 20  # and at most about this much text, however long the lines
+# A line split into sentences is read up to this many characters (a paragraph of some 10,000 sentences);
+# past it, it is cut, with a warning naming it, so that reading stays bounded whatever the input.
+SPLIT_MAX_CHARS = 1_000_000
 
 
 def decode_bytes(raw: bytes) -> tuple[str, bool]:
@@ -54,17 +59,20 @@ def decode_chunk(chunk: list[bytes], first_line: int, console: Console) -> list[
 
 
 def read_chunks(stream: BinaryIO, size: int, max_bytes: int | None = None) -> Iterator[list[bytes]]:
-    """Lines (split on b"\\n" only, the newline removed) in lists of `size`; size 1 answers each at once.
+    """Lines (split on b"\\n" only, the newline removed) in lists of `size` (or CHUNK_BYTES of text);
+    size 1 answers each at once.
 
     A line over `max_bytes` keeps its first `max_bytes` bytes and the rest is skipped unread into
     memory: a line too long for the model is cut before any work is spent on it.
     """
     chunk: list[bytes] = []
+    held = 0
     while line := read_one(stream, max_bytes):
         chunk.append(line[:-1] if line.endswith(b"\n") else line)
-        if len(chunk) >= size:
+        held += len(line)
+        if len(chunk) >= size or held >= CHUNK_BYTES:
             yield chunk
-            chunk = []
+            chunk, held = [], 0
     if chunk:
         yield chunk
 
@@ -113,7 +121,7 @@ def translate_stream(
     scored: bool = False,
     glossary: Path | None = None,
     avoid: Path | None = None,
-    split_sentences: bool = False,
+    split_sentences: bool | None = None,
     workers: int | None = None,
 ) -> None:
     """`nmt translate`: lines from `input` (default stdin) to `output` (default stdout), in order.
@@ -123,11 +131,14 @@ def translate_stream(
     Decode settings default to the checkpoint's own `decode` section, overridden by the options given.
     `scored` (or decode.nbest > 1) switches to the format `index<TAB>score<TAB>text`, index the 0-based
     input line. `prefix` is a file of target prefixes, one per input line. `split_sentences`: each line
-    translated sentence by sentence (nmt.translate.split), still one line out.
+    translated sentence by sentence (nmt.translate.split), still one line out; None (the default): on,
+    unless a --prefix is given (a prefix begins a line's translation). Either way a line whose
+    translation covers much less than its source is a warning naming it (split.short_lines).
     `glossary` (a TSV of terms) and `avoid` (phrases) are obeyed by the search (nmt.translate.terminology).
     `workers`: processes that search the batches (nmt.translate.workers); None: the default for the input.
     """
-    check_files(model_path, input, output, prefix, glossary, avoid, split_sentences)
+    check_files(model_path, input, output, prefix, glossary, avoid, bool(split_sentences))
+    split_sentences = prefix is None if split_sentences is None else split_sentences
     interactive = interactive or (input is None and sys.stdin.isatty())
     terms, sampling = glossary is not None or avoid is not None, bool(overrides.values.get("sampling"))
     plan = worker_plan(workers, engine, resolve_device(device), interactive, terms, sampling)
@@ -152,6 +163,9 @@ def translate_stream(
         lines_of = SentenceTranslator(translator, built.src_lang) if split_sentences else translator
         source, prefixes = open_input(input), open_input(prefix) if prefix is not None else None
         max_bytes = 4 * translator.max_chars + 4  # UTF-8: enough bytes for the characters kept, no more read
+        if split_sentences:  # cut only after splitting: each sentence is cut to max_chars then, if at all
+            max_bytes = 4 * SPLIT_MAX_CHARS + 4
+
         start, done = time.perf_counter(), 0
         with (  # the workers fork before the progress bar starts its thread and an -o file is opened
             translator.workers.run(translator),
@@ -160,9 +174,12 @@ def translate_stream(
         ):
             for chunk in read_chunks(source, 1 if interactive else CHUNK_LINES, max_bytes):
                 lines = decode_chunk(chunk, done + 1, console)
+                if split_sentences:  # unsplit, the front end cuts a line to max_chars, with a warning
+                    lines = cut_paragraphs(lines, done + 1, console)
                 wanted = read_prefixes(prefixes, prefix, done, len(chunk), max_bytes, console)
                 before = progress.done  # advanced per batch, so a long chunk still moves the display
                 results = lines_of.translate_nbest(lines, done + 1, wanted, on_batch=progress.advance)
+                warn_short(lines, results, done + 1, split_sentences, console)
                 sink.write(format_lines(results, done, scored=scored or decode.nbest > 1))
                 sink.flush()
                 done += len(chunk)
@@ -180,6 +197,34 @@ def translate_stream(
     if not interactive:
         seconds = time.perf_counter() - start
         console.print(f"translated {done} lines in {seconds:.1f} s ({done / max(seconds, 1e-9):.1f} lines/s)")
+
+
+def cut_paragraphs(lines: list[str], first_line: int, console: Console) -> list[str]:
+    """Lines to be split cut to SPLIT_MAX_CHARS characters, each cut one a warning naming it."""
+    out = []
+    for i, line in enumerate(lines):
+        if len(line) > SPLIT_MAX_CHARS:
+            console.print(
+                f"[yellow]warning:[/] line {first_line + i}: over {SPLIT_MAX_CHARS:,} characters, cut there "
+                "before sentence splitting",
+                highlight=False,
+                soft_wrap=True,
+            )
+            line = cut_line(line, SPLIT_MAX_CHARS)
+        out.append(line)
+    return out
+
+
+def warn_short(lines: list[str], results, first_line: int, split: bool, console: Console) -> None:
+    """One warning per line whose translation covers much less than its source (split.short_lines)."""
+    for i, got, want in short_lines(lines, [hyps[0][0] for hyps in results]):
+        hint = "" if split else " (--no-split-sentences: the model may stop after the first)"
+        console.print(
+            f"[yellow]warning:[/] line {first_line + i}: the translation has {got} sentence(s) for the "
+            f"source's {want} and is much shorter{hint}",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 def check_files(

@@ -15,7 +15,13 @@ from torch import Tensor
 
 from nmt.config import DecodeConfig, Engine
 from nmt.tokens import EOS, PAD
-from nmt.translate.constraints import Terms, constrained_beam_search, constraint_tokens, renumbered
+from nmt.translate.constraints import (
+    Terms,
+    beam_needed,
+    constrained_beam_search,
+    constraint_tokens,
+    renumbered,
+)
 from nmt.translate.search import Hypothesis, Sampler, beam_search, greedy_search
 
 
@@ -82,15 +88,18 @@ class TorchEngine:
     ) -> list[list[Hypothesis]]:
         """Beam search under `terms` (nmt.translate.constraints), with the decode settings and the
         shortlist (each sentence's set holding every token of its terms). Sentences no hypothesis could
-        place every term in are searched again without them (they get their best translation, not none)."""
+        place every term in are searched again without them (they get their best translation, not none).
+        The beam is at least beam_needed (the terms' tokens + 1), whatever decode.beam says: at beam 1 the
+        search could only keep the hypothesis furthest along its terms."""
         d = self.decode
+        width = max(d.beam, beam_needed(terms.sentences))
 
         def search(decoder, src: Tensor, prefix: Tensor | None, numbering: Tensor | None):
             constraints, avoid, glue = terms.sentences, terms.avoid, terms.glue
             if numbering is not None:  # a shortlist's union: the terms in its numbering
                 constraints, avoid, glue = renumbered(constraints, avoid, glue, numbering)
             return constrained_beam_search(
-                decoder, src, constraints, d.beam, d.lenpen, d.max_len_a, d.max_len_b, n,
+                decoder, src, constraints, width, d.lenpen, d.max_len_a, d.max_len_b, n,
                 min_len=d.min_len, no_repeat_ngram=d.no_repeat_ngram_size, prefix=prefix,
                 avoid=avoid, glue=glue.to(src.device) if glue is not None else None,
             )  # fmt: skip
