@@ -12,7 +12,7 @@ from torch import nn
 from nmt.config import DecodeConfig
 from nmt.model import Transformer
 from nmt.translate import Translator, inference_model
-from nmt.translate.int8 import Int8Linear, quantize_int8, weight_bits
+from nmt.translate.int8 import PROBE_ROWS, Int8Linear, _exact_with, quantize_int8, weight_bits
 from nmt.translate.search import beam_search, greedy_search
 from nmt.translate.torch_engine import padded_sources, padded_width
 
@@ -59,6 +59,21 @@ def test_the_weights_have_the_bits_the_cpu_multiplies_exactly():
     linear = Int8Linear(torch.randn(16, 32), None)
     level = (1 << (weight_bits() - 1)) - 1
     assert linear.weight_t.abs().max() == level
+
+
+@pytest.mark.parametrize("wrong_at", [1, 64, 512])
+def test_the_bits_probe_checks_the_product_at_several_row_counts(monkeypatch, wrong_at):
+    """oneDNN may choose another kernel by shape: a product wrong at one row count alone is found."""
+    assert wrong_at in PROBE_ROWS
+    int_mm = torch._int_mm
+
+    def wrong(a, b):
+        out = int_mm(a, b)
+        return out + 1 if a.shape[0] == wrong_at else out
+
+    assert _exact_with(7)
+    monkeypatch.setattr(torch, "_int_mm", wrong)
+    assert not _exact_with(7)
 
 
 @pytest.mark.parametrize("beam", [1, 4])
