@@ -323,3 +323,39 @@ def test_a_reader_gone_with_workers_stays_quiet_status_141(model, tmp_path):
     stderr = proc.stderr.read()
     assert proc.wait(timeout=120) == 141, stderr.decode()
     assert b"error" not in stderr and b"died" not in stderr
+
+
+@pytest.mark.slow
+def test_sigterm_while_the_workers_start_stops_the_command(model, tmp_path):
+    """A SIGTERM landing as a worker forks was raised in the new worker and lost by the parent, which
+    translated on to the end (status 0): blocked over the fork, it stops the command."""
+    src = tmp_path / "src.txt"
+    rng = random.Random(4)
+    src.write_text("".join(sentence(rng, 1, 12) + "\n" for _ in range(20000)))
+    for attempt in range(3):
+        out = tmp_path / f"out{attempt}.txt"
+        command = [
+            sys.executable,
+            "-m",
+            "nmt",
+            "translate",
+            "-m",
+            model,
+            "-i",
+            src,
+            "-o",
+            out,
+            "--workers",
+            "2",
+        ]
+        proc = subprocess.Popen(command, stderr=subprocess.PIPE)
+        try:
+            deadline = time.monotonic() + 60
+            while not children(proc.pid):  # the first fork: signalled as soon as it is seen
+                assert time.monotonic() < deadline and proc.poll() is None, "no worker"
+            proc.send_signal(signal.SIGTERM)
+            _, stderr = proc.communicate(timeout=30)
+        finally:
+            proc.kill()
+        assert proc.returncode == 128 + signal.SIGTERM, (attempt, stderr.decode())
+        assert not out.exists()

@@ -37,6 +37,8 @@ import torch
 from nmt.config import Engine
 from nmt.errors import ConfigError, NmtError
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
 
 class WorkerDied(NmtError):
     """A worker process ended without answering (killed by the OOM killer, say): exit status 1."""
@@ -71,7 +73,15 @@ class WorkerPool:
                 process = context.Process(
                     target=work, args=(child_end, ends, translator, threads), daemon=True
                 )
-                process.start()
+                # A stop signal landing during the fork was seen by the new worker (its copy of Python's
+                # handler raised there) and lost by the parent, which went on translating: blocked over
+                # the fork, it stays pending for the parent alone (a fork starts with none pending) and
+                # is raised here once the fork returns.
+                previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+                try:
+                    process.start()
+                finally:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, previous)
                 child_end.close()
                 self.conns.append(parent_end)
                 self.processes.append(process)
@@ -188,6 +198,7 @@ def work(conn: Connection, ends: list[Connection], translator, threads: int) -> 
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked by the parent over the fork
         torch.set_num_threads(threads)  # the fork's copy of the front end searches here (search_batch)
         while True:
             try:
