@@ -18,7 +18,7 @@ import torch
 
 from nmt.errors import NmtError
 from nmt.translate.frontend import LineTranslator
-from nmt.translate.workers import plan_workers
+from nmt.translate.workers import max_workers, plan, plan_workers
 from nmt.untrained import save_random_model
 
 from .conftest import cli, one_error_line
@@ -130,7 +130,7 @@ def test_where_one_process_translates():
     assert plan_workers(None, "torch", cpu, interactive=True, terms=False) == 1
     assert plan_workers(None, "torch", cpu, interactive=False, terms=True) == 1
     assert plan_workers(None, "torch", torch.device("cuda"), interactive=False, terms=False) == 1
-    assert plan_workers(3, "torch", cpu, interactive=False, terms=True) == 3
+    assert plan_workers(max_workers(), "torch", cpu, interactive=False, terms=True) == max_workers()
     for device, interactive, why in [
         (cpu, True, "one by one"),
         (torch.device("cuda"), False, "--device cuda"),
@@ -259,3 +259,103 @@ def test_workers_end_when_the_command_is_killed(model, tmp_path):
     finally:
         proc.kill()
         proc.stdin.close()
+
+
+def test_more_workers_than_cpus_are_refused_before_any_fork(model, tmp_path, monkeypatch):
+    """`--workers 100000` forked for minutes: the count is bounded by the CPUs, before the model loads."""
+    too_many = max_workers() + 1
+    monkeypatch.setattr("multiprocessing.context.ForkContext.Process", None)  # a fork would fail here
+    for n in (too_many, 100000):
+        with pytest.raises(NmtError, match=f"--workers {n}: at most {max_workers()}"):
+            plan(n, "torch", torch.device("cpu"), interactive=False, terms=False)
+    src = tmp_path / "src.txt"
+    src.write_text("a b c\n")
+    start = time.monotonic()
+    result = cli("translate", "-m", model, "-i", src, "-o", tmp_path / "out", "--workers", str(too_many))
+    assert result.returncode == 2
+    assert f"--workers {too_many}: at most {max_workers()}" in one_error_line(result.stderr)
+    assert time.monotonic() - start < 60 and not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_a_worker_killed_while_idle_is_one_line_and_status_1(model, tmp_path):
+    """An OOM kill between chunks: the next batch sent to the dead worker fails to send, which is the
+    worker's death (one line, status 1), not a reader gone (quiet status 141); -o keeps what it held."""
+    out = tmp_path / "out.txt"
+    out.write_text("previous\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    command = [sys.executable, "-m", "nmt", "translate", "-m", model, "-o", out, "--workers", "2"]
+    proc = subprocess.Popen(command, stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        rng = random.Random(2)
+        chunk = "".join(sentence(rng, 1, 6) + "\n" for _ in range(2000))  # one chunk (CHUNK_LINES)
+        proc.stdin.write(chunk.encode())
+        proc.stdin.flush()
+        deadline = time.monotonic() + 120
+
+        def written() -> bool:  # the first chunk's translations flushed to -o's temporary file
+            return any(p.name != "out.txt" and p.stat().st_size > 0 for p in tmp_path.iterdir())
+
+        while not written() or len(children(proc.pid)) < 2:
+            assert time.monotonic() < deadline and proc.poll() is None, "no workers, or no first chunk"
+            time.sleep(0.05)
+        time.sleep(0.2)  # the parent back to reading stdin: both workers idle
+        os.kill(children(proc.pid)[0], signal.SIGKILL)
+        time.sleep(0.2)
+        _, stderr = proc.communicate(chunk.encode(), timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, stderr.decode()
+    line = one_error_line(stderr)
+    assert "worker" in line and "died: signal 9" in line, line
+    assert [p.name for p in tmp_path.iterdir()] == ["out.txt"] and out.read_text() == "previous\n"
+
+
+def test_a_reader_gone_with_workers_stays_quiet_status_141(model, tmp_path):
+    """stdout closed by its reader (`| head -n 1`): the quiet status 141 of a Unix tool, with workers too."""
+    src = tmp_path / "src.txt"
+    rng = random.Random(3)
+    src.write_text("".join(sentence(rng, 1, 6) + "\n" for _ in range(3000)))
+    command = [sys.executable, "-m", "nmt", "translate", "-m", model, "-i", src, "--workers", "2"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.readline()
+    proc.stdout.close()
+    stderr = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141, stderr.decode()
+    assert b"error" not in stderr and b"died" not in stderr
+
+
+@pytest.mark.slow
+def test_sigterm_while_the_workers_start_stops_the_command(model, tmp_path):
+    """A SIGTERM landing as a worker forks was raised in the new worker and lost by the parent, which
+    translated on to the end (status 0): blocked over the fork, it stops the command."""
+    src = tmp_path / "src.txt"
+    rng = random.Random(4)
+    src.write_text("".join(sentence(rng, 1, 12) + "\n" for _ in range(20000)))
+    for attempt in range(3):
+        out = tmp_path / f"out{attempt}.txt"
+        command = [
+            sys.executable,
+            "-m",
+            "nmt",
+            "translate",
+            "-m",
+            model,
+            "-i",
+            src,
+            "-o",
+            out,
+            "--workers",
+            "2",
+        ]
+        proc = subprocess.Popen(command, stderr=subprocess.PIPE)
+        try:
+            deadline = time.monotonic() + 60
+            while not children(proc.pid):  # the first fork: signalled as soon as it is seen
+                assert time.monotonic() < deadline and proc.poll() is None, "no worker"
+            proc.send_signal(signal.SIGTERM)
+            _, stderr = proc.communicate(timeout=30)
+        finally:
+            proc.kill()
+        assert proc.returncode == 128 + signal.SIGTERM, (attempt, stderr.decode())
+        assert not out.exists()

@@ -20,7 +20,7 @@ from rich.console import Console
 
 from nmt.config import DecodeConfig
 from nmt.translate.constraints import beam_needed
-from nmt.translate.torch_engine import TorchEngine
+from nmt.translate.torch_engine import TorchEngine, padded_width
 
 # Every character str.splitlines() breaks on: none may survive inside one output line.
 LINE_BREAKS = str.maketrans(dict.fromkeys("\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029", " "))
@@ -73,14 +73,17 @@ def token_batches(
     lengths: list[int], max_tokens: int, rows_per_sentence: int, decode: DecodeConfig, max_output: int
 ) -> list[list[int]]:
     """Indices of `lengths` (subwords with the EOS) sorted by length, cut into batches costing at most
-    `max_tokens` (`batch_cost`). A sentence alone over budget gets its own batch.
+    `max_tokens` (`batch_cost`), and wherever the padded width (torch_engine.padded_width) changes, so
+    that every sentence is padded as it would be alone and translates the same in any batch. A sentence
+    alone over budget gets its own batch.
     """
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     batches: list[list[int]] = []
     for i in order:
         # Ascending order: the sentence being added is the batch's longest.
         size = len(batches[-1]) + 1 if batches else 1
-        if batches and batch_cost(size, lengths[i], rows_per_sentence, decode, max_output) <= max_tokens:
+        same_width = batches and padded_width(lengths[batches[-1][0]]) == padded_width(lengths[i])
+        if same_width and batch_cost(size, lengths[i], rows_per_sentence, decode, max_output) <= max_tokens:
             batches[-1].append(i)
         else:
             batches.append([i])

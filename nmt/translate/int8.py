@@ -38,20 +38,28 @@ from torch import Tensor, nn
 
 from nmt.errors import NmtError
 
+PROBE_ROWS = (1, 3, 8, 64, 512)  # the row counts weight_bits checks the int8 product at
 _TINY = 1e-30  # the scale of an all-zero row, whose integers are then all 0
 
 
 def _exact_with(weight_bits: int) -> bool:
     """Whether torch._int_mm of 8-bit activations by `weight_bits`-bit weights is exact here: the largest
     activations against the largest weights of either sign (where int16 pair sums would saturate), and
-    random ones."""
+    random ones, at several row counts (PROBE_ROWS), since oneDNN may pick another kernel by shape: one
+    row (a decoder step of one sentence), a few, and the many rows of a batch's encoder."""
     level = (1 << (weight_bits - 1)) - 1
     gen = torch.Generator().manual_seed(0)
     weight = torch.randint(-level, level + 1, (32, 64), generator=gen, dtype=torch.int8)  # (out, in)
     weight[0], weight[1] = level, -level
-    q = torch.randint(-127, 128, (8, 64), generator=gen, dtype=torch.int8)  # (M, in)
-    q[0], q[1], q[2, ::2], q[2, 1::2] = 127, -127, 127, -127
-    return torch.equal(torch._int_mm(q, weight.t()).long(), q.long() @ weight.long().t())
+    q = torch.randint(-127, 128, (max(PROBE_ROWS), 64), generator=gen, dtype=torch.int8)  # (M, in)
+    for top in (0, len(q) - 3):  # the extremes first and last, so that every row count meets them
+        q[top], q[top + 1], q[top + 2, ::2], q[top + 2, 1::2] = 127, -127, 127, -127
+    exact = q.long() @ weight.long().t()
+    return all(
+        torch.equal(torch._int_mm(q[rows], weight.t()).long(), exact[rows])
+        for m in PROBE_ROWS
+        for rows in (slice(0, m), slice(len(q) - m, len(q)))
+    )
 
 
 @functools.cache

@@ -24,10 +24,30 @@ from nmt.translate.constraints import (
 )
 from nmt.translate.search import Hypothesis, Sampler, beam_search, greedy_search
 
+# Sources are padded to a multiple of this many positions (padded_width).
+PAD_MULTIPLE = 8
 
-def padded_sources(ids: list[list[int]], device: torch.device) -> Tensor:
-    """Source ids + EOS, right-padded: (B, S)."""
-    src = torch.full((len(ids), max(map(len, ids)) + 1), PAD, dtype=torch.long)
+
+def padded_width(length: int, max_positions: int | None = None) -> int:
+    """The width a source of `length` positions (EOS included) is padded to: its length rounded up to a
+    multiple of PAD_MULTIPLE, at most `max_positions`; a function of its own length alone.
+
+    Why: a sentence padded wider (a longer companion in its batch) gets its attention's softmax and
+    products over more, masked, positions, whose vectorized reductions group its real terms differently,
+    so its activations differ in the last bits from the same sentence alone. int8's per-row quantization
+    (round(x / a)) turns a last-bit difference near a rounding boundary into a whole step, and a near-tie
+    into another word; fp32 moves in the last bits. Padded to its own bucket, and batched only with
+    sentences of the same bucket (frontend.token_batches), a sentence sees the same width alone and in any
+    batch: its translation and score do not depend on its companions."""
+    width = -(-length // PAD_MULTIPLE) * PAD_MULTIPLE
+    return width if max_positions is None else max(length, min(width, max_positions))
+
+
+def padded_sources(ids: list[list[int]], device: torch.device, max_positions: int | None = None) -> Tensor:
+    """Source ids + EOS, right-padded to the padded_width of the longest: (B, S). One batch holds sources
+    of one padded width (frontend.token_batches), so each is padded as it would be alone."""
+    width = padded_width(max(map(len, ids)) + 1, max_positions)
+    src = torch.full((len(ids), width), PAD, dtype=torch.long)
     for row, seq in enumerate(ids):
         src[row, : len(seq) + 1] = torch.tensor([*seq, EOS])
     return src.to(device, non_blocking=True)
@@ -135,7 +155,8 @@ class TorchEngine:
         model.eval()
         try:
             with torch.inference_mode():
-                src, prefix = padded_sources(ids, self.device), padded_prefixes(prefixes, self.device)
+                src = padded_sources(ids, self.device, self.max_positions)
+                prefix = padded_prefixes(prefixes, self.device)
                 if self.shortlist is None:
                     return search(model, src, prefix, None)
                 from nmt.translate.shortlist import ShortlistDecoder

@@ -37,6 +37,8 @@ import torch
 from nmt.config import Engine
 from nmt.errors import ConfigError, NmtError
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
 
 class WorkerDied(NmtError):
     """A worker process ended without answering (killed by the OOM killer, say): exit status 1."""
@@ -71,7 +73,15 @@ class WorkerPool:
                 process = context.Process(
                     target=work, args=(child_end, ends, translator, threads), daemon=True
                 )
-                process.start()
+                # A stop signal landing during the fork was seen by the new worker (its copy of Python's
+                # handler raised there) and lost by the parent, which went on translating: blocked over
+                # the fork, it stays pending for the parent alone (a fork starts with none pending) and
+                # is raised here once the fork returns.
+                previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+                try:
+                    process.start()
+                finally:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, previous)
                 child_end.close()
                 self.conns.append(parent_end)
                 self.processes.append(process)
@@ -91,7 +101,10 @@ class WorkerPool:
         while pending or busy:
             while idle and pending:
                 conn, b = idle.pop(), pending.popleft()
-                conn.send((b, *work[b], nbest))
+                try:
+                    conn.send((b, *work[b], nbest))
+                except OSError:  # a worker killed while idle: its death, not a reader gone (status 141)
+                    raise self.died(self.conns.index(conn)) from None
                 busy[conn] = b
             for conn in wait(list(busy)):
                 try:
@@ -107,12 +120,17 @@ class WorkerPool:
                 yield b, found
 
     def died(self, k: int) -> WorkerDied:
+        """Worker `k` (numbered from 1 in the message) found dead, as a one-line error."""
         process = self.processes[k]
         process.join(timeout=1.0)
         code = process.exitcode
-        how = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"status {code}"
+        how = (
+            f"signal {-code} ({signal.Signals(-code).name})"
+            if code is not None and code < 0
+            else f"status {code}"
+        )
         hint = " (out of memory? try fewer --workers)" if code == -signal.SIGKILL else ""
-        return WorkerDied(f"translation worker {process.pid} ended without answering: {how}{hint}")
+        return WorkerDied(f"worker {k + 1} died: {how}, process {process.pid}{hint}")
 
     def close(self, abort: bool = False) -> None:
         """Stop the workers: told to when all went well, killed at once on `abort` (they hold nothing to
@@ -125,9 +143,10 @@ class WorkerPool:
             except OSError:
                 pass
             conn.close()
-        for process in self.processes:
-            if abort:
+        if abort:  # all killed first, then waited for: a stop does not wait on each worker in turn
+            for process in self.processes:
                 process.kill()
+        for process in self.processes:
             process.join(timeout=30.0)
             if process.is_alive():
                 process.kill()
@@ -179,6 +198,7 @@ def work(conn: Connection, ends: list[Connection], translator, threads: int) -> 
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked by the parent over the fork
         torch.set_num_threads(threads)  # the fork's copy of the front end searches here (search_batch)
         while True:
             try:
@@ -206,6 +226,15 @@ def work(conn: Connection, ends: list[Connection], translator, threads: int) -> 
         os._exit(status)
 
 
+def max_workers() -> int:
+    """The most workers `nmt translate` runs: the CPUs this process may run on (its affinity: a
+    container's or taskset's share, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
 def plan_workers(
     requested: int | None,
     engine: str,
@@ -222,6 +251,11 @@ def plan_workers(
     With CTranslate2 the workers are its `inter_threads` (BatchThreads), in one process."""
     if requested is not None and requested < 1:
         raise NmtError(f"--workers {requested}: give 1 or more")
+    if requested is not None and requested > max_workers():
+        # Refused, not clamped: more processes than CPUs only share them out (each worker has at least
+        # one thread) and each holds its own activations, so the count asked for is a mistake to fix,
+        # and a clamp would run something other than what was asked without the user knowing why.
+        raise NmtError(f"--workers {requested}: at most {max_workers()}, the CPUs this process may run on")
     alone = (
         "lines are answered one by one"
         if interactive
