@@ -524,3 +524,37 @@ def test_the_results_table_fits_a_log_in_plain_lines():
     assert "…" not in out.getvalue() and len(lines) == 4
     assert lines[2].split("\t") == ["teacher", "ctranslate2", "float16", "4", "test_2016_flickr", "35.03",
                                     "61.20", "123.4", "56.7"]  # fmt: skip
+
+
+def test_the_teacher_translates_with_the_workers_and_progress_of_nmt_translate(setup, tmp_path, monkeypatch):
+    """The teacher's step runs the worker plan `nmt translate` makes for a file (here 2 threads: two
+    one-thread workers) and shows progress per batch, not one line per saved chunk."""
+    import nmt.translate.workers as workers_module
+
+    cfg, opts, mirror = setup
+    monkeypatch.setenv("NMT_PROGRESS_EVERY", "0")
+    started = []
+    original = workers_module.WorkerPool.__init__
+
+    def spy(self, translator, workers, threads):
+        started.append((workers, threads))
+        original(self, translator, workers, threads)
+
+    monkeypatch.setattr(workers_module.WorkerPool, "__init__", spy)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        log = StringIO()
+        cfg = distill_steps.student_config(cfg, opts.teacher)
+        run = distill_steps.Run(cfg, opts, tmp_path / "w", mirror, Console(file=log, width=200))
+        run.step("text", run.text)
+        run.step("teacher", run.teacher)
+    finally:
+        torch.set_num_threads(threads)
+    if workers_module.max_workers() >= 2:
+        assert started == [(2, 1)]
+    total = run.marker_info("teacher")["lines"]
+    found = re.finditer(rf"([\d,]+) of {total:,} lines", log.getvalue())
+    counts = [int(m[1].replace(",", "")) for m in found]
+    assert len(counts) > run.marker_info("teacher")["chunks"], log.getvalue()
+    assert counts == sorted(counts) and counts[-1] == total
