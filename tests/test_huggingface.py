@@ -411,7 +411,9 @@ def test_init_from_an_imported_model_fine_tunes_stops_and_resumes(
     assert runner.invoke(app, ["import", str(folder), "-o", str(pretrained)]).exit_code == 0
 
     shipped = yaml.safe_load(resolve_recipe("multi30k-en-de").read_text())
-    data = {k: v for k, v in shipped["data"].items() if k != "vocab_size"}
+    # the shipped corpora as written: augmented pairs (upper-cased, typos) in 12 steps of a model that
+    # never saw them would decide whether the loss falls, and this is about fine-tuning, not them
+    data = {k: v for k, v in shipped["data"].items() if k not in ("vocab_size", "augment")}
     recipe = tmp_path / "finetune.yaml"
     train = {"batch_tokens": 1024, "update_tokens": 1024, "warmup": 4, "peak_lr": 0.001, "log_every": 1}
     train.update(
