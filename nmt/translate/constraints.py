@@ -80,12 +80,13 @@ class Terms:
 
 
 def beam_needed(sentences: list[list[Constraint]]) -> int:
-    """The smallest beam that keeps every bank of every sentence live: its constraint tokens + 1 (Post &
-    Vilar, 2018). Banks count constraint tokens met, and the first K of the kept candidates are taken one
-    per bank, the most advanced first: with fewer rows than banks, the hypotheses that have placed nothing
-    yet (the ones that translate the words before the term) are the first to go, and the term comes out
-    first with the subject dropped."""
-    return 1 + max((sum(c.count * c.shortest for c in cons) for cons in sentences), default=0)
+    """The smallest beam that keeps a row for a hypothesis that has placed none of a sentence's terms
+    beside rows that have placed some: its terms (counted with their repeats) + 1, the rule the README
+    states. With one row (--beam 1) only the hypothesis furthest along a term was kept, so the term came
+    out first and the words before it were dropped. Counting the terms' subwords instead (Post & Vilar's
+    banks) widened the beam to 11 on a test line of two five-piece terms, where the toy model of
+    tests/test_serve_terminology.py then placed neither: not taken until that is understood."""
+    return 1 + max((sum(c.count for c in cons) for cons in sentences), default=0)
 
 
 def constraint_tokens(constraints: list[Constraint]) -> list[int]:

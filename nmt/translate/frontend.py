@@ -287,7 +287,7 @@ class LineTranslator:
         if width > self.decode.beam and not getattr(self, "beam_noted", False) and self.console is not None:
             self.beam_noted = True
             self.console.print(
-                f"glossary: a line with terms searches at a beam of its terms' subwords + 1 at least "
+                f"glossary: a line with terms searches at a beam of its terms + 1 at least "
                 f"({width} here), not {self.decode.beam}: dynamic beam allocation needs a row for each",
                 highlight=False,
                 soft_wrap=True,
