@@ -554,6 +554,18 @@ def translate(
             "or sampling.",
         ),
     ] = None,
+    target: Annotated[
+        str | None,
+        typer.Option(
+            metavar="<code>",
+            help="Target language (fr or fra) of a model with several; a line that starts with >>fra<< "
+            "goes into that language instead. Default: the model's only one.",
+        ),
+    ] = None,
+    source: Annotated[
+        str | None,
+        typer.Option(metavar="<code>", help="Source language, checked against the model's ones."),
+    ] = None,
 ) -> None:
     """Translate lines: exactly one output line for every input line, in order.
 
@@ -608,6 +620,8 @@ def translate(
         avoid=avoid,
         split_sentences=split_sentences,
         workers=workers,
+        target=target,
+        source=source,
     )
 
 

@@ -22,6 +22,7 @@ from typing import Any, Literal, Union
 import yaml
 
 from nmt.errors import ConfigError, NmtError
+from nmt.languages import same, target_tag
 
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"  # a link to the top-level recipes/ in a checkout
 DEFAULT_RECIPE = "multi30k-en-de"
@@ -47,6 +48,12 @@ class CorpusSpec:
     # Drop training pairs either side of which py3langid names confidently as another language than
     # the pair's (data.langid_threshold): for web-crawled corpora (Common Crawl), not for curated ones.
     langid: bool = False
+    # Its own language pair, for a recipe of several directions; None: data.src_lang / data.tgt_lang.
+    src_lang: str | None = None
+    tgt_lang: str | None = None
+    # Training corpora: how often its pairs are drawn, relative to its size (2: twice as often as
+    # concatenation would; see DataConfig.sampling_temperature). Validation and test sets ignore it.
+    weight: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -83,6 +90,40 @@ class DataConfig:
     drop_copies: bool = True
     langid_threshold: float = 0.9  # for corpora with `langid: true`
     augment: AugmentConfig = field(default_factory=AugmentConfig)  # off unless a share is given
+    # Each epoch draws corpus i's share p_i ∝ weight_i * (n_i / N)^(1 / T) of the N training pairs
+    # (fairseq's temperature sampling, nmt.data.sampling): T = 1 with every weight 1 is concatenation;
+    # T > 1 draws small corpora (low-resource directions) more often than their size says.
+    sampling_temperature: float = 1.0
+
+    def direction(self, corpus: CorpusSpec) -> tuple[str, str]:
+        """The (source, target) languages of a corpus: its own, or the recipe's."""
+        return corpus.src_lang or self.src_lang, corpus.tgt_lang or self.tgt_lang
+
+    @property
+    def directions(self) -> tuple[tuple[str, str], ...]:
+        """The language pairs the training corpora hold, in recipe order."""
+        return tuple(dict.fromkeys(self.direction(c) for c in self.train)) or (
+            (self.src_lang, self.tgt_lang),
+        )
+
+    @property
+    def multilingual(self) -> bool:
+        """Several directions: data files are kept per direction (bilingual work directories keep the
+        layout they always had)."""
+        return len(self.directions) > 1
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(t for _, t in self.directions))
+
+    @property
+    def reserved_tags(self) -> tuple[str, ...]:
+        """The reserved subwords the vocabulary is trained with, inserted by id (nmt.languages): a
+        target tag per language where there are several targets, so a bilingual model has none and
+        stays what it always was."""
+        if len(self.targets) < 2:
+            return ()
+        return tuple(target_tag(t) for t in self.targets)
 
 
 # The largest model nmt builds, in each dimension (a recipe, a checkpoint, an imported config.json):
@@ -527,6 +568,12 @@ def _check(cfg: Config, source: str, corpora: bool = True) -> None:
     )
     need(len(data.train) > 0 or not corpora, "data.train", "names no corpus")
     need(len(data.valid) > 0 or not corpora, "data.valid", "names no corpus")
+    need(
+        0 < data.sampling_temperature < math.inf,
+        "data.sampling_temperature",
+        f"must be a positive number, got {data.sampling_temperature}",
+    )
+    names = ", ".join(f"{s}-{t}" for s, t in data.directions)
     for section in ("train", "valid", "test"):
         for i, c in enumerate(getattr(data, section)):
             pair = c.src is not None and c.tgt is not None
@@ -535,6 +582,19 @@ def _check(cfg: Config, source: str, corpora: bool = True) -> None:
                 f"data.{section}[{i}]",
                 "give either src and tgt files or a sacrebleu test set name",
             )
+            need(0 < c.weight < math.inf, f"data.{section}[{i}].weight", f"must be positive, got {c.weight}")
+            src, tgt = data.direction(c)
+            need(not same(src, tgt), f"data.{section}[{i}].tgt_lang", f"must differ from its source {src}")
+            need(
+                section == "train" or not corpora or (src, tgt) in data.directions,
+                f"data.{section}[{i}]",
+                f"{src}-{tgt} is not a direction the training corpora hold ({names})",
+            )
+    if data.multilingual:
+        for section in ("valid", "test"):
+            seen = [(c.name, data.direction(c)) for c in getattr(data, section)]
+            dup = next((n for n, d in seen if seen.count((n, d)) > 1), None)
+            need(dup is None, f"data.{section}", f"{dup} is named twice for one direction")
 
 
 def parse_device(name: str) -> tuple[str, int | None] | None:

@@ -19,10 +19,11 @@ from rich.table import Table
 
 from nmt.atomic import write_text
 from nmt.checkpoint import average_last, checkpoint_subword
-from nmt.config import Config
-from nmt.data.preprocess import preprocess
+from nmt.config import Config, CorpusSpec
+from nmt.data.preprocess import corpus_key, preprocess, test_text
 from nmt.device import resolve_device
-from nmt.score import corpus_scores, read_lines
+from nmt.languages import target_tag
+from nmt.score import corpus_scores, language_share, read_lines
 from nmt.train import train
 from nmt.train.monitor import training_summary
 from nmt.translate import LineTranslator, build_translator
@@ -50,11 +51,11 @@ def run_pipeline(
     translator = build_translator(model_path, device=device, console=console, command="nmt run").translator
     speeds = {}
     for corpus in cfg.data.test:
-        speeds[corpus.name] = translate_test_set(cfg, workdir, corpus.name, translator, model_path, console)
+        speeds[corpus] = translate_test_set(cfg, workdir, corpus, translator, model_path, console)
 
     console.rule("[bold]5. score")
     results = {
-        "recipe": cfg.data.src_lang + "-" + cfg.data.tgt_lang,
+        "recipe": " ".join(f"{s}-{t}" for s, t in cfg.data.directions),
         "model": str(model_path),
         "training": training_summary(workdir),
         "device": device_summary(device),
@@ -66,24 +67,43 @@ def run_pipeline(
         "tests": {},
     }
     for corpus in cfg.data.test:
-        hyp = read_lines(workdir / "translations" / f"{corpus.name}.{cfg.data.tgt_lang}")
-        ref = read_lines(workdir / "data" / "test" / f"{corpus.name}.{cfg.data.tgt_lang}")
+        _, tgt_lang = cfg.data.direction(corpus)
+        hyp = read_lines(translation_path(cfg, workdir, corpus))
+        ref = read_lines(test_text(workdir / "data", cfg.data, corpus)[1])
         scores = corpus_scores(hyp, [ref], ("bleu", "chrf"))
         entry = {name: {"score": round(s.score, 2), "signature": s.signature} for name, s in scores.items()}
-        if cfg.data.tgt_lang == "de":
+        if tgt_lang == "de":
             entry["tok_bleu_compound_split"] = round(compound_split_bleu(hyp, ref), 2)
-        entry["speed"] = speeds[corpus.name]
-        results["tests"][corpus.name] = entry
+        if cfg.data.multilingual:
+            entry["direction"] = "-".join(cfg.data.direction(corpus))
+            # The off-target rate, beside the references' own: a language identifier misjudges captions
+            shares = language_share(hyp, tgt_lang), language_share(ref, tgt_lang)
+            if None not in shares:
+                entry["in_language"] = {"output": round(shares[0], 4), "reference": round(shares[1], 4)}
+        entry["speed"] = speeds[corpus]
+        results["tests"][corpus_key(cfg.data, corpus)] = entry
     write_results(workdir, results)
     show_results(results, console)
     return results
 
 
+def translation_path(cfg: Config, workdir: Path, corpus: CorpusSpec) -> Path:
+    """translations/<name>.<tgt>, or with several directions translations/<name>.<src>-<tgt>.<tgt>."""
+    return workdir / "translations" / test_text(workdir / "data", cfg.data, corpus)[1].name
+
+
 def translate_test_set(
-    cfg: Config, workdir: Path, name: str, translator: LineTranslator, model_path: Path, console: Console
+    cfg: Config,
+    workdir: Path,
+    corpus: CorpusSpec,
+    translator: LineTranslator,
+    model_path: Path,
+    console: Console,
 ) -> dict:
-    src_path = workdir / "data" / "test" / f"{name}.{cfg.data.src_lang}"
-    out = workdir / "translations" / f"{name}.{cfg.data.tgt_lang}"
+    name = corpus_key(cfg.data, corpus)
+    src_path = test_text(workdir / "data", cfg.data, corpus)[0]
+    out = translation_path(cfg, workdir, corpus)
+    tag = target_tag(cfg.data.direction(corpus)[1]) if cfg.data.reserved_tags else None
     meta = out.with_name(out.name + ".json")
     if (
         out.exists()
@@ -94,7 +114,7 @@ def translate_test_set(
         return json.loads(meta.read_text())["speed"]
     lines = read_lines(src_path)
     start = time.perf_counter()
-    hyps = translator.translate(lines)
+    hyps = translator.translate(lines, target=tag)
     seconds = time.perf_counter() - start
     tokens = sum(
         len(ids) + 1 for ids in translator.subword.encode_target(hyps)
@@ -153,11 +173,29 @@ def write_results(workdir: Path, results: dict) -> None:
         f"{t.get('target_tokens_per_s')} target tokens/s on {results['device']['type']} "
         f"x {results['device']['count']}.",
         "",
-        "| test set | sacreBLEU | chrF | tok. BLEU (compound split) | sentences/s | target tokens/s |",
-        "| --- | --- | --- | --- | --- | --- |",
     ]
+    multi = any("direction" in e for e in results["tests"].values())
+    if multi:  # a row per direction and test set, with how often its output is in its language
+        lines += [
+            "| test set | direction | sacreBLEU | chrF | in its language: output / reference | sentences/s |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+    else:
+        lines += [
+            "| test set | sacreBLEU | chrF | tok. BLEU (compound split) | sentences/s | target tokens/s |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
     for name, e in results["tests"].items():
         tok = e.get("tok_bleu_compound_split", "n/a")
+        if multi:
+            share = e.get("in_language")
+            shares = f"{share['output']:.1%} / {share['reference']:.1%}" if share else "n/a"
+            test = name.rsplit(" ", 1)[0]
+            lines.append(
+                f"| {test} | {e['direction']} | {e['bleu']['score']} | {e['chrf']['score']} | {shares} | "
+                f"{e['speed']['sentences_per_s']} |"
+            )
+            continue
         lines.append(
             f"| {name} | {e['bleu']['score']} | {e['chrf']['score']} | {tok} | "
             f"{e['speed']['sentences_per_s']} | {e['speed']['target_tokens_per_s']} |"

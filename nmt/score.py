@@ -24,6 +24,7 @@ from sacrebleu.metrics.base import Metric
 from sacrebleu.significance import PairedTest
 
 from nmt.errors import DataError, NmtError
+from nmt.languages import short
 from nmt.output import stdout
 
 METRIC_NAMES = tuple(name.lower() for name in METRICS)  # ("bleu", "chrf", "ter")
@@ -286,3 +287,19 @@ def _comparison_table(comparisons: dict[str, Comparison], width: int) -> Table:
             cells.append("" if p is None else f"{p:.4f}" + ("*" if p < 0.05 else ""))
         table.add_row(*cells)
     return table
+
+
+def language_share(lines: list[str], lang: str) -> float | None:
+    """The share of non-blank `lines` that py3langid puts in `lang` (any ISO 639 code): 1 minus the
+    off-target rate of a multilingual model's outputs. Short lines are misjudged too, so compare it with
+    the references' own share. None where py3langid (the serve extra) is not installed."""
+    try:
+        import py3langid.langid as langid
+    except ImportError:
+        return None
+    identifier = langid.LanguageIdentifier.from_model_file(langid.MODEL_FILE)
+    want = short(lang)
+    texts = [line for line in lines if line.strip()]
+    if not texts:
+        return None
+    return sum(identifier.classify(line)[0] == want for line in texts) / len(texts)

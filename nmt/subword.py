@@ -13,6 +13,7 @@ data/spm.model and an exported folder carry it as they carry a SentencePiece mod
 from __future__ import annotations
 
 import base64
+import functools
 import io
 import json
 import random
@@ -24,6 +25,7 @@ import sentencepiece as spm
 from nmt import atomic
 from nmt.config import DataConfig
 from nmt.errors import DataError
+from nmt.languages import BT_TAG, leading_tag, tag_language
 from nmt.tokens import BOS, EOS, PAD, UNK
 
 SAMPLE_SEED = 1  # the sentence sample is part of the model: the same corpus gives the same subwords
@@ -33,17 +35,26 @@ PAIR_FORMAT = "nmt-subword-pair"
 RESERVED_IDS = {"pad_id": PAD, "unk_id": UNK, "bos_id": BOS, "eos_id": EOS}
 
 
-def sample_lines(text_files: list[Path], n: int, seed: int = SAMPLE_SEED) -> list[str]:
+def sample_lines(
+    text_files: list[Path], n: int, seed: int = SAMPLE_SEED, distinct: bool = False
+) -> list[str]:
     """A uniform sample of n non-blank lines over all the files (reservoir sampling), in one streaming
-    pass: memory holds the sample only, and the same files and seed give the same sample."""
+    pass: memory holds the sample only, and the same files and seed give the same sample. `distinct`:
+    each line counts once however often it occurs (the English side of EN-DE, EN-FR and EN-CS corpora
+    that translate the same captions), at the cost of a hash per distinct line."""
     rng = random.Random(seed)
     sample: list[str] = []
     seen = 0
+    hashes: set[int] = set()
     for path in text_files:
         with open(path, encoding="utf-8") as f:
             for line in f:
                 if not line.strip():
                     continue
+                if distinct:
+                    if (key := hash(line)) in hashes:
+                        continue
+                    hashes.add(key)
                 seen += 1
                 if len(sample) < n:
                     sample.append(line)
@@ -70,7 +81,9 @@ def train_sentencepiece(lines: Sequence[str], prefix: Path, vocab_size: int, **o
     return Subword.load(Path(f"{prefix}.model"))
 
 
-def train_subword(text_files: list[Path], out_prefix: Path, data: DataConfig) -> Path:
+def train_subword(
+    text_files: list[Path], out_prefix: Path, data: DataConfig, languages: dict[str, list[Path]] | None = None
+) -> Path:
     """Train the joint model on `text_files`; writes out_prefix.model/.vocab and returns the .model path.
 
     Training reads a sample of `data.spm_sample_sentences` lines, so a WMT-sized corpus costs no more
@@ -83,8 +96,19 @@ def train_subword(text_files: list[Path], out_prefix: Path, data: DataConfig) ->
     nothing of the machine is recorded either, so the same lines and settings give the same bytes.
     The files are written atomically, the model last, so an interrupted run never leaves a .model that
     looks finished.
+
+    `languages` (a recipe of several directions: each language's files): the sample is balanced, an equal
+    share of distinct lines from each language, so English, the source of every direction, does not
+    crowd out the targets' subwords. The recipe's reserved tags (data.reserved_tags) become control
+    symbols: ids that text never encodes to and decoding never writes (user_defined_symbols would be
+    matched in a user's text, and add a stray "▁" piece: sentencepiece #438).
     """
-    sample = sample_lines(text_files, data.spm_sample_sentences)
+    if languages:
+        share = max(1, data.spm_sample_sentences // len(languages))
+        sample = [line for files in languages.values() for line in sample_lines(files, share, distinct=True)]
+    else:
+        sample = sample_lines(text_files, data.spm_sample_sentences)
+    reserved = {"control_symbols": ",".join(data.reserved_tags)} if data.reserved_tags else {}
     if not sample:
         names = " and ".join(str(p) for p in text_files)
         raise DataError(f"{names}: no training sentences to build the vocabulary from (empty after cleaning)")
@@ -98,6 +122,7 @@ def train_subword(text_files: list[Path], out_prefix: Path, data: DataConfig) ->
             character_coverage=data.character_coverage,
             **RESERVED_IDS,
             shuffle_input_sentence=False,
+            **reserved,
             # num_threads is left at SentencePiece's default (16): a value set here is recorded in the
             # model, so the machine's core count would make the same vocabulary differ in its bytes.
             minloglevel=2,
@@ -171,6 +196,21 @@ class Subword:
     def target_proto(self) -> bytes:
         return self._target.serialized_model_proto()
 
+    @functools.cached_property
+    def tags(self) -> dict[str, int]:
+        """The reserved tags of the vocabulary (target tags such as `>>fra<<`, and `<BT>`) and their ids:
+        a SentencePiece model's control symbols, or the tag pieces of an imported pair's vocabulary."""
+        if self.vocabulary is not None:
+            pieces = enumerate(self.vocabulary)
+        else:
+            pieces = ((i, self._sp.id_to_piece(i)) for i in range(self.vocab_size) if self._sp.is_control(i))
+        return {p: i for i, p in pieces if tag_language(p) is not None or p == BT_TAG}
+
+    @property
+    def targets(self) -> list[str]:
+        """The target languages the tags select (`fra`, ...), in id order; empty for a bilingual model."""
+        return [lang for tag in self.tags if (lang := tag_language(tag)) is not None]
+
     def pieces(self) -> list[str]:
         """The pieces in id order (what vocabulary files list)."""
         if self.vocabulary is not None:
@@ -186,11 +226,28 @@ class Subword:
         except DataError as e:
             raise DataError(f"{path}: {e}") from None
 
-    def encode(self, lines: list[str]) -> list[list[int]]:
-        """Subword ids of each source line, without BOS/EOS (the trainer and the translator add those)."""
+    def encode(self, lines: list[str], tag: str | None = None) -> list[list[int]]:
+        """Subword ids of each source line, without BOS/EOS (the trainer and the translator add those).
+
+        A vocabulary with target tags: a line that starts with one of them (`>>fra<< text`, as OPUS-MT
+        clients send it) has it by id, and the rest encoded; any other line gets `tag`'s id first where
+        given. Nowhere else is a tag read out of text: typed mid-line it is text like any other.
+        """
+        if not self.tags:
+            if self.vocabulary is None:
+                return self._sp.encode(list(lines), out_type=int)
+            return [self._pair_ids(self._sp, line) for line in lines]
+        firsts, texts = [], []
+        for line in lines:
+            lead, rest = leading_tag(line)
+            known = lead is not None and lead in self.tags
+            firsts.append(self.tags[lead] if known else self.tags.get(tag) if tag else None)
+            texts.append(rest if known else line)
         if self.vocabulary is None:
-            return self._sp.encode(list(lines), out_type=int)
-        return [self._pair_ids(self._sp, line) for line in lines]
+            encoded = self._sp.encode(texts, out_type=int)
+        else:
+            encoded = [self._pair_ids(self._sp, text) for text in texts]
+        return [ids if first is None else [first, *ids] for first, ids in zip(firsts, encoded, strict=True)]
 
     def encode_target(self, lines: list[str]) -> list[list[int]]:
         """Subword ids of each target line (training references, forced prefixes)."""
@@ -209,6 +266,9 @@ class Subword:
     def decode(self, ids: list[list[int]]) -> list[str]:
         """Detokenized text of each id sequence; pad, bos and eos are skipped wherever they occur."""
         kept = [[i for i in seq if i > EOS or i == UNK] for seq in ids]
+        if self.tags:  # a tag is an instruction, never text (SentencePiece writes control symbols as "")
+            tags = set(self.tags.values())
+            kept = [[i for i in seq if i not in tags] for seq in kept]
         if self.vocabulary is None:
             return self._sp.decode(kept)
         return [self._target.decode_pieces([self.vocabulary[i] for i in seq]) for seq in kept]

@@ -87,16 +87,18 @@ def clean_pairs(
     dropped: dict[str, int],
     seen: Seen | None = None,
     langid: bool = False,
+    direction: tuple[str, str] | None = None,
 ) -> Iterator[tuple[str, str]]:
     """The kept pairs, whitespace collapsed; counts each dropped pair under its reason in `dropped`.
 
     `seen` holds the pairs kept before (pass one Seen to every corpus of a recipe, so a pair in two
     corpora is kept once); None with data.dedup gives this call its own. `langid`: the corpus asks for
-    the language check.
+    the language check; `direction`, its (source, target) languages where not the recipe's.
     """
     if seen is None and data.dedup:
         seen = Seen()
-    identify = LanguageCheck(data.src_lang, data.tgt_lang, data.langid_threshold) if langid else None
+    src_lang, tgt_lang = direction or (data.src_lang, data.tgt_lang)
+    identify = LanguageCheck(src_lang, tgt_lang, data.langid_threshold) if langid else None
     for s, t in pairs:
         sw, tw = s.split(), t.split()
         reason = drop_reason(len(sw), len(tw), data)

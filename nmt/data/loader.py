@@ -13,6 +13,7 @@ waits on Python code walking sentence pairs. The thread's tensor ops release the
 
 from __future__ import annotations
 
+import json
 import math
 import queue
 import threading
@@ -27,7 +28,10 @@ from torch import Tensor
 from nmt.config import Config
 from nmt.data.batching import collate, epoch_batches
 from nmt.data.binarized import ParallelData
+from nmt.data.preprocess import valid_text
+from nmt.data.sampling import Group, epoch_pairs
 from nmt.errors import DataError
+from nmt.languages import target_tag
 from nmt.subword import Subword
 
 Batch = tuple[Tensor, Tensor, Tensor]  # src (B, S), tgt_in (B, T), tgt_out (B, T)
@@ -37,17 +41,28 @@ Batch = tuple[Tensor, Tensor, Tensor]  # src (B, S), tgt_in (B, T), tgt_out (B, 
 # The data a run trains and validates on
 
 
+@dataclass(frozen=True)
+class ValidText:
+    """One direction's validation text, what BLEU is computed on during training."""
+
+    direction: tuple[str, str]
+    src: list[str]
+    ref: list[str]
+    tag: str | None  # the target tag its sources are translated with; None for a single target
+
+
 @dataclass
 class TrainData:
     train: ParallelData
     valid: ParallelData
-    valid_src: list[str]
-    valid_ref: list[str]
+    valid_text: list[ValidText]  # one per direction
     subword: Subword
+    groups: tuple[Group, ...] = ()  # the training split's corpora, in order; () for one unweighted run
 
 
 def load_data(cfg: Config, workdir: Path) -> TrainData:
-    """The binarized splits, validation text and SentencePiece model that `nmt preprocess` wrote."""
+    """The binarized splits, validation text, corpus groups and SentencePiece model that `nmt
+    preprocess` wrote."""
     data_dir = workdir / "data"
     spm = data_dir / "spm.model"
     if not spm.exists() or not (data_dir / "train.src.idx").exists():
@@ -61,13 +76,28 @@ def load_data(cfg: Config, workdir: Path) -> TrainData:
     train, valid = ParallelData(data_dir / "train"), ParallelData(data_dir / "valid")
     for split in (train, valid):  # an id past the embedding would be an IndexError mid-training
         split.check_ids(subword.vocab_size, str(spm))
-    return TrainData(
-        train=train,
-        valid=valid,
-        valid_src=read(data_dir / f"valid.{cfg.data.src_lang}"),
-        valid_ref=read(data_dir / f"valid.{cfg.data.tgt_lang}"),
-        subword=subword,
-    )
+    texts = []
+    for direction in cfg.data.directions:
+        src, ref = valid_text(data_dir, cfg.data, direction)
+        tag = target_tag(direction[1]) if cfg.data.reserved_tags else None
+        texts.append(ValidText(direction, read(src), read(ref), tag))
+    groups = train_groups(data_dir, len(train))
+    return TrainData(train=train, valid=valid, valid_text=texts, subword=subword, groups=groups)
+
+
+def train_groups(data_dir: Path, pairs: int) -> tuple[Group, ...]:
+    """The corpus groups of data/stats.json, checked against the split they describe; () where a work
+    directory predates them (one run of every pair, as it was trained)."""
+    try:
+        stats = json.loads((data_dir / "stats.json").read_text(encoding="utf-8"))
+        groups = tuple(
+            Group(str(g["corpus"]), int(g["pairs"]), float(g["weight"])) for g in stats.get("groups", ())
+        )
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DataError(f"{data_dir / 'stats.json'}: unreadable ({e}); run nmt preprocess --force") from None
+    if groups and sum(g.pairs for g in groups) != pairs:
+        raise DataError(f"{data_dir / 'stats.json'}: its corpora hold other than the split's {pairs} pairs")
+    return groups
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -98,10 +128,19 @@ def batch_plan(cfg: Config, world_size: int) -> BatchPlan:
     return BatchPlan(per_device, accum, world_size)
 
 
-def shard(data: ParallelData, cfg: Config, epoch: int, rank: int, world_size: int) -> list[Tensor]:
-    """This rank's batches of an epoch, in training order (every rank gets the same number)."""
+def shard(
+    data: ParallelData, cfg: Config, epoch: int, rank: int, world_size: int, groups: tuple[Group, ...] = ()
+) -> list[Tensor]:
+    """This rank's batches of an epoch, in training order (every rank gets the same number); the pairs
+    drawn from the corpus `groups` by their weights (nmt.data.sampling) where they are weighted."""
     budget = batch_plan(cfg, world_size).device_tokens
-    batches = epoch_batches(data.src_lens, data.tgt_lens, budget, cfg.train.seed, epoch, world_size)
+    seed = cfg.train.seed
+    pool = epoch_pairs(groups, cfg.data.sampling_temperature, seed, epoch) if groups else None
+    if pool is None:
+        batches = epoch_batches(data.src_lens, data.tgt_lens, budget, seed, epoch, world_size)
+    else:
+        lens = data.src_lens[pool], data.tgt_lens[pool]
+        batches = [pool[b] for b in epoch_batches(*lens, budget, seed, epoch, world_size)]
     if not batches:
         raise DataError("the training data holds fewer batches than there are processes")
     return batches[rank::world_size]
@@ -115,12 +154,18 @@ class PlannedUpdate:
 
 
 def update_plan(
-    data: ParallelData, cfg: Config, rank: int, world_size: int, epoch: int, cursor: int
+    data: ParallelData,
+    cfg: Config,
+    rank: int,
+    world_size: int,
+    epoch: int,
+    cursor: int,
+    groups: tuple[Group, ...] = (),
 ) -> Iterator[PlannedUpdate]:
     """Endless stream of this rank's updates from the position (epoch, cursor) on."""
     accum = batch_plan(cfg, world_size).accumulation
     while True:
-        batches = shard(data, cfg, epoch, rank, world_size)
+        batches = shard(data, cfg, epoch, rank, world_size, groups)
         while cursor < len(batches):
             chunk = batches[cursor : cursor + accum]
             cursor += len(chunk)

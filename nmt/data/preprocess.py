@@ -28,12 +28,13 @@ from rich.console import Console
 from rich.table import Table
 
 from nmt import atomic
-from nmt.config import Config, DataConfig, config_to_dict
+from nmt.config import Config, CorpusSpec, DataConfig, config_to_dict
 from nmt.data.augment import MODIFIERS, augment_pair, is_on
 from nmt.data.binarized import write_split
 from nmt.data.clean import REASONS, Seen, clean_pairs, open_text, read_pairs
 from nmt.data.corpora import corpus_text
 from nmt.errors import ConfigError
+from nmt.languages import target_tag
 from nmt.progress import Progress, count_lines
 from nmt.subword import Subword, train_subword
 
@@ -88,7 +89,8 @@ def preprocess(
             atomic.write_bytes(out / "spm.model", init_subword)
             info = {"model": str(out / "spm.model"), "from": data.init_from}
         elif step == "subword":
-            model = train_subword([_clean(out, data.src_lang), _clean(out, data.tgt_lang)], out / "spm", data)
+            files = [path for d in data.directions for path in clean_text(out, data, d)]
+            model = train_subword(files, out / "spm", data, _by_language(out, data))
             info = {"model": str(model)}
         else:
             text_info = _marker(out, "text")["info"]
@@ -108,9 +110,10 @@ def preprocess(
 
 def write_text(data: DataConfig, out: Path, *, mirror: str | None, console: Console) -> dict:
     """Fetch all corpora; write the cleaned training text and the raw validation and test text."""
-    langs = (data.src_lang, data.tgt_lang)
     texts = {
-        section: [corpus_text(c, *langs, mirror=mirror, console=console) for c in getattr(data, section)]
+        section: [
+            corpus_text(c, *data.direction(c), mirror=mirror, console=console) for c in getattr(data, section)
+        ]
         for section in ("train", "valid", "test")
     }
     staged: list[tuple[Path, Path]] = []  # (.part, final) renamed together once everything is written
@@ -126,64 +129,94 @@ def write_text(data: DataConfig, out: Path, *, mirror: str | None, console: Cons
     augmented = dict.fromkeys(MODIFIERS, 0)
     kept_before = Seen() if data.dedup else None  # across corpora: a pair in two of them is kept once
     index = 0  # of the kept pair, over all corpora: what its augmentation is drawn from
-    fs, ft = writers((_clean(out, data.src_lang), _clean(out, data.tgt_lang)))
-    with fs, ft:
-        for spec, text in zip(data.train, texts["train"], strict=True):
-            console.print(f"cleaning {text.name}", highlight=False)
-            progress = Progress(console, f"clean {text.name}", count_lines(text.src))
-            seen = _Counted(read_pairs(text.src, text.tgt), progress)
-            dropped = dict.fromkeys(REASONS, 0)
-            kept = 0
-            with progress:
-                for s, t in clean_pairs(seen, data, dropped, kept_before, langid=spec.langid):
-                    if is_on(data.augment):
-                        s, t, applied = augment_pair(s, t, data.augment, epoch=0, index=index)
-                        for m in applied:
-                            augmented[m] += 1
+    for direction in data.directions:
+        fs, ft = writers(clean_text(out, data, direction))
+        with fs, ft:
+            for spec, text in zip(data.train, texts["train"], strict=True):
+                if data.direction(spec) != direction:
+                    continue
+                console.print(f"cleaning {text.name}", highlight=False)
+                progress = Progress(console, f"clean {text.name}", count_lines(text.src))
+                seen = _Counted(read_pairs(text.src, text.tgt), progress)
+                dropped = dict.fromkeys(REASONS, 0)
+                kept = 0
+                with progress:
+                    pairs = clean_pairs(
+                        seen, data, dropped, kept_before, langid=spec.langid, direction=direction
+                    )
+                    for s, t in pairs:
+                        if is_on(data.augment):
+                            s, t, applied = augment_pair(s, t, data.augment, epoch=0, index=index)
+                            for m in applied:
+                                augmented[m] += 1
+                        fs.write(s + "\n")
+                        ft.write(t + "\n")
+                        kept += 1
+                        index += 1
+                train["corpora"][corpus_key(data, spec)] = {
+                    "lines": seen.n,
+                    "kept": kept,
+                    "dropped": dropped,
+                }
+    train["augmented"] = augmented
+    valid_lines = dict.fromkeys(data.directions, 0)
+    for direction in data.directions:
+        fs, ft = writers(valid_text(out, data, direction))
+        with fs, ft:
+            for spec, text in zip(data.valid, texts["valid"], strict=True):
+                if data.direction(spec) != direction:
+                    continue
+                for s, t in read_pairs(text.src, text.tgt):
                     fs.write(s + "\n")
                     ft.write(t + "\n")
-                    kept += 1
-                    index += 1
-            train["corpora"][text.name] = {"lines": seen.n, "kept": kept, "dropped": dropped}
-    train["augmented"] = augmented
-    valid_lines = 0
-    fs, ft = writers((out / f"valid.{data.src_lang}", out / f"valid.{data.tgt_lang}"))
-    with fs, ft:
-        for text in texts["valid"]:
-            for s, t in read_pairs(text.src, text.tgt):
-                fs.write(s + "\n")
-                ft.write(t + "\n")
-                valid_lines += 1
+                    valid_lines[direction] += 1
     test = {}
-    for text in texts["test"]:
-        fs, ft = writers(tuple(out / "test" / f"{text.name}.{lang}" for lang in langs))
+    for spec, text in zip(data.test, texts["test"], strict=True):
+        fs, ft = writers(test_text(out, data, spec))
+        key = corpus_key(data, spec)
         with fs, ft:
-            test[text.name] = 0
+            test[key] = 0
             for s, t in read_pairs(text.src, text.tgt):
                 fs.write(s + "\n")
                 ft.write(t + "\n")
-                test[text.name] += 1
+                test[key] += 1
     for part, final in staged:
         os.replace(part, final)
-    return {"train": train, "valid": {"lines": valid_lines}, "test": test}
+    valid: dict = {"lines": sum(valid_lines.values())}
+    if data.multilingual:
+        valid["directions"] = {f"{s}-{t}": n for (s, t), n in valid_lines.items()}
+    return {"train": train, "valid": valid, "test": test}
 
 
 def binarize(data: DataConfig, out: Path, text_info: dict, console: Console | None = None) -> dict:
-    """Encode the cleaned training text and the validation text; returns the statistics."""
+    """Encode the cleaned training text and the validation text; returns the statistics.
+
+    Directions are written one after another, each corpus's pairs together, and `groups` in the
+    statistics says how many pairs of the split each corpus holds, in that order, and its weight: what
+    the loader samples by (nmt.data.sampling). A model of several targets has each source begin with
+    its target's tag, by id.
+    """
     sub = Subword.load(out / "spm.model")
     train = dict(text_info["train"])
     dropped = {r: sum(c["dropped"][r] for c in train["corpora"].values()) for r in REASONS}
     lengths = (Counter(), Counter())
+    groups = []
 
     def kept_pairs(progress: Progress) -> Iterator[tuple[list[int], list[int]]]:
         dropped["too_many_subwords"] = 0
-        for src, tgt in _encoded(sub, _clean(out, data.src_lang), _clean(out, data.tgt_lang), progress):
-            if len(src) > data.max_subwords or len(tgt) > data.max_subwords:
-                dropped["too_many_subwords"] += 1
-                continue
-            lengths[0][len(src)] += 1
-            lengths[1][len(tgt)] += 1
-            yield src, tgt
+        for direction in data.directions:
+            pairs = _encoded(sub, *clean_text(out, data, direction), progress, _tag(data, direction))
+            for spec in (c for c in data.train if data.direction(c) == direction):
+                group = {"corpus": corpus_key(data, spec), "pairs": 0, "weight": spec.weight}
+                groups.append(group)
+                for src, tgt in itertools.islice(pairs, train["corpora"][group["corpus"]]["kept"]):
+                    if len(src) > data.max_subwords or len(tgt) > data.max_subwords:
+                        dropped["too_many_subwords"] += 1
+                        continue
+                    lengths[0][len(src)] += 1
+                    lengths[1][len(tgt)] += 1
+                    group["pairs"] += 1
+                    yield src, tgt
 
     kept = sum(c["kept"] for c in train["corpora"].values())
     with Progress(console, "encode and binarize train", kept) as progress:
@@ -197,15 +230,15 @@ def binarize(data: DataConfig, out: Path, text_info: dict, console: Console | No
     valid_lengths = (Counter(), Counter())
 
     def valid_pairs(progress: Progress) -> Iterator[tuple[list[int], list[int]]]:
-        valid = (out / f"valid.{data.src_lang}", out / f"valid.{data.tgt_lang}")
-        for src, tgt in _encoded(sub, *valid, progress):
-            valid_lengths[0][len(src)] += 1
-            valid_lengths[1][len(tgt)] += 1
-            yield src, tgt
+        for direction in data.directions:
+            for src, tgt in _encoded(sub, *valid_text(out, data, direction), progress, _tag(data, direction)):
+                valid_lengths[0][len(src)] += 1
+                valid_lengths[1][len(tgt)] += 1
+                yield src, tgt
 
     with Progress(console, "encode and binarize valid", text_info["valid"]["lines"]) as progress:
         n_valid = _write_pairs(out / "valid", valid_pairs(progress), sub.vocab_size)
-    return {
+    stats = {
         "src_lang": data.src_lang,
         "tgt_lang": data.tgt_lang,
         "vocab_size": sub.vocab_size,
@@ -213,7 +246,54 @@ def binarize(data: DataConfig, out: Path, text_info: dict, console: Console | No
         "train": train,
         "valid": {"lines": n_valid, **_sizes(valid_lengths)},
         "test": text_info["test"],
+        "groups": groups,
     }
+    if data.multilingual:
+        stats["directions"] = [f"{s}-{t}" for s, t in data.directions]
+        stats["valid"]["directions"] = text_info["valid"]["directions"]
+    return stats
+
+
+def clean_text(out: Path, data: DataConfig, direction: tuple[str, str]) -> tuple[Path, Path]:
+    """The cleaned training text of a direction: data/clean/train.<lang>, or with several directions
+    data/clean/<src>-<tgt>/train.<lang>."""
+    folder = out / "clean" / (f"{direction[0]}-{direction[1]}" if data.multilingual else "")
+    return folder / f"train.{direction[0]}", folder / f"train.{direction[1]}"
+
+
+def valid_text(out: Path, data: DataConfig, direction: tuple[str, str]) -> tuple[Path, Path]:
+    """The validation text of a direction: data/valid.<lang>, or data/valid.<src>-<tgt>.<lang>."""
+    stem = f"valid.{direction[0]}-{direction[1]}" if data.multilingual else "valid"
+    return out / f"{stem}.{direction[0]}", out / f"{stem}.{direction[1]}"
+
+
+def test_text(out: Path, data: DataConfig, corpus: CorpusSpec) -> tuple[Path, Path]:
+    """A test set's source and reference text: data/test/<name>.<lang>, or with several directions
+    data/test/<name>.<src>-<tgt>.<lang>."""
+    s, t = data.direction(corpus)
+    stem = f"{corpus.name}.{s}-{t}" if data.multilingual else corpus.name
+    return out / "test" / f"{stem}.{s}", out / "test" / f"{stem}.{t}"
+
+
+def corpus_key(data: DataConfig, corpus: CorpusSpec) -> str:
+    """How statistics and results name a corpus: its name, and its direction where there are several."""
+    s, t = data.direction(corpus)
+    return f"{corpus.name} {s}-{t}" if data.multilingual else corpus.name
+
+
+def _tag(data: DataConfig, direction: tuple[str, str]) -> str | None:
+    return target_tag(direction[1]) if data.reserved_tags else None
+
+
+def _by_language(out: Path, data: DataConfig) -> dict[str, list[Path]] | None:
+    """Each language's cleaned training files, for a balanced vocabulary; None for one direction."""
+    if not data.multilingual:
+        return None
+    files: dict[str, list[Path]] = {}
+    for direction in data.directions:
+        for lang, path in zip(direction, clean_text(out, data, direction), strict=True):
+            files.setdefault(lang, []).append(path)
+    return files
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -235,12 +315,19 @@ class _Counted:
         self.progress.advance(self.n % PROGRESS_LINES)
 
 
-def _encoded(sub: Subword, src: Path, tgt: Path, progress: Progress) -> Iterator[tuple[list[int], list[int]]]:
-    """Subword ids of aligned files, encoded in chunks so SentencePiece can batch (and thread) them."""
+def _encoded(
+    sub: Subword, src: Path, tgt: Path, progress: Progress, tag: str | None = None
+) -> Iterator[tuple[list[int], list[int]]]:
+    """Subword ids of aligned files, encoded in chunks so SentencePiece can batch (and thread) them;
+    each source after `tag`'s id where given."""
     pairs = read_pairs(src, tgt)
+    first = [sub.tags[tag]] if tag is not None else []
     while chunk := list(itertools.islice(pairs, ENCODE_CHUNK)):
+        sources = sub.encode([s for s, _ in chunk])
         yield from zip(
-            sub.encode([s for s, _ in chunk]), sub.encode_target([t for _, t in chunk]), strict=True
+            [first + ids for ids in sources] if first else sources,
+            sub.encode_target([t for _, t in chunk]),
+            strict=True,
         )
         progress.advance(len(chunk))
 
@@ -272,13 +359,16 @@ def _percentile(histogram: Counter, p: float) -> int:
     return 0
 
 
-def _clean(out: Path, lang: str) -> Path:
-    return out / "clean" / f"train.{lang}"
-
-
 def _fingerprint(data: DataConfig, step: str, init_subword: bytes | None = None) -> str:
     """A hash of the data settings `step` depends on: a new vocabulary size must not redo the cleaning."""
     settings = config_to_dict(data)
+    for section in ("train", "valid", "test"):  # keys added with several directions, at their defaults,
+        for corpus in settings[section]:  # leave a bilingual work directory's fingerprints as they were
+            for key, default in (("src_lang", None), ("tgt_lang", None), ("weight", 1.0)):
+                if corpus.get(key) == default:
+                    corpus.pop(key)
+    if settings["sampling_temperature"] == 1.0:
+        settings.pop("sampling_temperature")
     if step == "text":
         for key in SUBWORD_KEYS:
             settings.pop(key)
@@ -295,8 +385,7 @@ def _marker(out: Path, step: str) -> dict:
 def _outputs(out: Path, data: DataConfig, step: str) -> list[Path]:
     """The files a later step or command needs from `step` (test files are checked by whoever reads them)."""
     if step == "text":
-        langs = (data.src_lang, data.tgt_lang)
-        return [_clean(out, lang) for lang in langs] + [out / f"valid.{lang}" for lang in langs]
+        return [p for d in data.directions for p in (*clean_text(out, data, d), *valid_text(out, data, d))]
     if step == "subword":
         return [out / "spm.model"]
     return [

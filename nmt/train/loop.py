@@ -54,7 +54,7 @@ def train(cfg: Config, workdir: Path, console: Console | None = None) -> Path:
         log.print(f"training already finished at step {prog.step}: {stop_reason}", highlight=False)
         return best_or_last(ckpt_dir)
 
-    plan = update_plan(data.train, cfg, rt.rank, rt.world_size, prog.epoch, prog.cursor)
+    plan = update_plan(data.train, cfg, rt.rank, rt.world_size, prog.epoch, prog.cursor, data.groups)
     metrics, meter = MetricsLog(workdir, rt.is_main), TrainMeter(rt)
     last_saved, started = prog.step, time.monotonic() - prog.elapsed
     used = budget_used(prog, cfg)  # agreed by all ranks, like the stop

@@ -296,8 +296,8 @@ def resume(ckpt_dir: Path, learner: Learner, cfg: Config, data: TrainData, conso
     saved_world = ckpt.train_state.get("run", {}).get("world_size", rt.world_size)
     if saved_world != rt.world_size:
         # Each process's shard of an epoch has another length now: keep the same share of the epoch.
-        old = len(shard(data.train, cfg, prog.epoch, 0, saved_world))
-        new = len(shard(data.train, cfg, prog.epoch, 0, rt.world_size))
+        old = len(shard(data.train, cfg, prog.epoch, 0, saved_world, data.groups))
+        new = len(shard(data.train, cfg, prog.epoch, 0, rt.world_size, data.groups))
         share = prog.cursor / max(old, 1)
         prog.cursor = min(new, round(share * new))
         console.print(

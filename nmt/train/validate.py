@@ -16,7 +16,7 @@ from nmt.train.runtime import Runtime
 @torch.no_grad()
 def validate(model: Transformer, data: TrainData, cfg: Config, rt: Runtime) -> dict:
     """Loss, nll and perplexity per target token on the validation pairs, and (train.valid_bleu) the
-    BLEU of their greedy translations."""
+    BLEU of their greedy translations: each direction's, and their mean."""
     model.eval()
     loss_sum = nll_sum = tokens = 0.0
     for idx in epoch_batches(data.valid.src_lens, data.valid.tgt_lens, cfg.train.batch_tokens, 0, 0):
@@ -41,8 +41,14 @@ def validate(model: Transformer, data: TrainData, cfg: Config, rt: Runtime) -> d
         built = build_translator(
             LoadedModel(model, data.subword, cfg), greedy, rt.device, None, command="validation"
         )
-        with rt.autocast():
-            hyps = built.translator.translate(data.valid_src)
-        result["bleu"] = bleu(hyps, [data.valid_ref])
+        scores = {}
+        for text in data.valid_text:
+            with rt.autocast():
+                hyps = built.translator.translate(text.src, target=text.tag)
+            scores["-".join(text.direction)] = bleu(hyps, [text.ref])
+        # several directions: their mean picks best.pt, each is logged
+        result["bleu"] = sum(scores.values()) / len(scores)
+        if len(scores) > 1:
+            result["bleu_by_direction"] = scores
     model.train()
     return result

@@ -20,6 +20,7 @@ from nmt.checkpoint import LoadedModel, read_model
 from nmt.config import DecodeConfig, DecodeOverrides, Engine, Precision
 from nmt.device import inference_dtype, resolve_device
 from nmt.errors import NmtError
+from nmt.languages import same, short, target_tag
 from nmt.subword import Subword
 from nmt.translate.frontend import LineTranslator, Translator
 from nmt.translate.terminology import build_terminology
@@ -35,6 +36,10 @@ class BuiltTranslator:
     tgt_lang: str
     device: torch.device
     precision: str  # what the products run in: float32, bfloat16, int8, or CTranslate2's compute type
+    # Every language the model reads and writes, by the codes people use (`fr`): several targets for a
+    # model that reads its target from a tag (nmt.languages), several sources for one trained on them.
+    sources: tuple[str, ...] = ()
+    targets: tuple[str, ...] = ()
 
     @property
     def engine(self) -> Engine:
@@ -65,6 +70,8 @@ def build_translator(
     glossary: Path | None = None,
     avoid: Path | None = None,
     workers: WorkerPlan | None = None,
+    target: str | None = None,
+    source: str | None = None,
 ) -> BuiltTranslator:
     """The translator of `models`, decoding with their own settings overridden by `overrides`.
 
@@ -76,14 +83,17 @@ def build_translator(
     `glossary` (a TSV of terms) and `avoid` (phrases): files the translator obeys (nmt.translate.terminology;
     the engine's capability checked here, once). `workers`: who searches the batches (nmt.translate.workers:
     planned before the model loads), fitted here to the model's own decode settings; None: this process.
+    `target`, `source` (`--target`, `--source`): languages by any ISO 639 code, checked against the
+    model's; a model of several targets translates into `target` unless a line's leading tag says other.
     """
     engine = Engine.parse(engine, "--engine")
+    choice = target, source
     precision = None if dtype is None else Precision.parse(dtype, "--dtype")
     overrides = overrides if overrides is not None else DecodeOverrides()
     torch_device = resolve_device(str(device))
     if engine is Engine.CTRANSLATE2:
         return ctranslate2_build(
-            models, overrides, torch_device, precision, console, command, glossary, avoid, workers
+            models, overrides, torch_device, precision, console, command, glossary, avoid, workers, choice
         )
     payload = None  # the first checkpoint's shortlist entry: an ensemble shares the first model's vocabulary
     if isinstance(models, LoadedModel):
@@ -113,9 +123,39 @@ def build_translator(
     terminology = build_terminology(Engine.TORCH, decode, subword, model.max_positions, glossary, avoid)
     if precision is not None:
         model = inference_model(model, precision, torch_device)
-    translator = Translator(model, subword, decode, torch_device, console, shortlist, terminology, workers)
+    sources, targets = model_languages(cfg.data, subword)
+    tag = chosen_target(subword, sources, targets, *choice)
+    translator = Translator(
+        model, subword, decode, torch_device, console, shortlist, terminology, workers, tag
+    )
     languages = cfg.data.src_lang, cfg.data.tgt_lang
-    return BuiltTranslator(translator, *languages, torch_device, precision_of(model))
+    return BuiltTranslator(translator, *languages, torch_device, precision_of(model), sources, targets)
+
+
+def model_languages(data, subword: Subword) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(sources, targets) of a model, by the codes people use: its target tags' languages where it has
+    several (an imported OPUS-MT model too), else its recipe's; its training directions' sources."""
+    targets = tuple(short(lang) for lang in subword.targets) or (data.tgt_lang,)
+    sources = tuple(dict.fromkeys(s for s, _ in data.directions)) if data.train else (data.src_lang,)
+    return sources, targets
+
+
+def chosen_target(
+    subword: Subword,
+    sources: tuple[str, ...],
+    targets: tuple[str, ...],
+    target: str | None,
+    source: str | None,
+) -> str | None:
+    """The target tag `--target` selects (None for a model of one target, or none chosen); an error
+    naming the model's languages for one it does not have."""
+    if source is not None and not any(same(source, s) for s in sources):
+        raise NmtError(f"--source {source}: this model translates from {', '.join(sources)}")
+    if target is None:
+        return None
+    if not any(same(target, t) for t in targets):
+        raise NmtError(f"--target {target}: this model translates into {', '.join(targets)}")
+    return target_tag(target) if subword.targets else None
 
 
 def model_paths(models: Path | str | Sequence[Path | str]) -> list[Path]:
@@ -132,6 +172,7 @@ def ctranslate2_build(
     glossary: Path | None = None,
     avoid: Path | None = None,
     workers: WorkerPlan | None = None,
+    choice: tuple[str | None, str | None] = (None, None),
 ) -> BuiltTranslator:
     """A folder written by `nmt export --format ctranslate2`, decoded by CTranslate2."""
     if isinstance(models, LoadedModel):
@@ -147,13 +188,17 @@ def ctranslate2_build(
     compute = compute_type(precision or Precision.AUTO, device)
     workers = workers.fit(decode.sampling) if workers is not None else None
     inter, intra = (workers.ct2_threads if workers is not None else None) or (1, None)
+    subword = Subword.load(paths[0] / "spm.model")
+    sources = tuple(meta.get("sources") or (meta["src_lang"],))
+    targets = tuple(short(lang) for lang in subword.targets) or (meta["tgt_lang"],)
+    tag = chosen_target(subword, sources, targets, *choice)
     translator = ctranslate2_translator(
-        paths[0], decode, str(device), compute, intra, console, inter, workers
+        paths[0], decode, str(device), compute, intra, console, inter, workers, tag
     )
     build_terminology(Engine.CTRANSLATE2, decode, translator.subword, 0, glossary, avoid)  # refuses files
     used = translator.engine.compute_type  # what "default" turned out to be
     languages = meta["src_lang"], meta["tgt_lang"]
-    return BuiltTranslator(translator, *languages, device, used)
+    return BuiltTranslator(translator, *languages, device, used, sources, targets)
 
 
 def ctranslate2_translator(
@@ -165,12 +210,15 @@ def ctranslate2_translator(
     console: Console | None = None,
     inter_threads: int = 1,
     workers: WorkerPlan | None = None,
+    target: str | None = None,
 ) -> LineTranslator:
-    """Lines through CTranslate2, over a folder written by `nmt export` (its own subword model)."""
+    """Lines through CTranslate2, over a folder written by `nmt export` (its own subword model);
+    `target`: the target tag of a model of several targets."""
     from nmt.translate.ctranslate2_engine import CT2Engine
 
     engine = CT2Engine(Path(model_dir), decode, device, compute_type, threads, inter_threads)
-    return LineTranslator(engine, Subword.load(Path(model_dir) / "spm.model"), console, workers=workers)
+    subword = Subword.load(Path(model_dir) / "spm.model")
+    return LineTranslator(engine, subword, console, workers=workers, target=target)
 
 
 def inference_model(model, dtype: Precision | str, device: torch.device, prepack: bool = True):

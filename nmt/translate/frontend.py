@@ -19,6 +19,8 @@ import torch
 from rich.console import Console
 
 from nmt.config import DecodeConfig
+from nmt.errors import NmtError
+from nmt.languages import short
 from nmt.translate.constraints import beam_needed
 from nmt.translate.torch_engine import TorchEngine, padded_width
 
@@ -114,9 +116,14 @@ class LineTranslator:
     None: this process.
     """
 
-    def __init__(self, engine, subword, console: Console | None = None, terminology=None, workers=None):
+    def __init__(
+        self, engine, subword, console: Console | None = None, terminology=None, workers=None, target=None
+    ):
         self.engine, self.subword, self.console = engine, subword, console
         self.terminology, self.workers = terminology, workers
+        # The target tag (nmt.languages.target_tag) lines are translated with where a call names none:
+        # a model of several targets needs one, from here, the call, or the line's own leading tag.
+        self.target: str | None = target
         self.max_source = engine.max_positions - 1  # subwords before the EOS
         # A line is cut to this many characters before SentencePiece sees it (a 50 MB line would cost
         # minutes and gigabytes to encode whole): no subword is longer than MAX_PIECE_CHARS, so the cut
@@ -127,9 +134,15 @@ class LineTranslator:
     def decode(self) -> DecodeConfig:
         return self.engine.decode
 
-    def translate(self, lines: list[str], prefixes: list[str] | None = None) -> list[str]:
+    def target_names(self) -> list[str]:
+        """The model's target languages by the codes people use (`fr`), for messages; [] for one."""
+        return [short(lang) for lang in self.subword.targets]
+
+    def translate(
+        self, lines: list[str], prefixes: list[str] | None = None, target: str | None = None
+    ) -> list[str]:
         """One translation per line, in order; blank lines give empty strings."""
-        return [nbest[0][0] for nbest in self.translate_nbest(lines, prefixes=prefixes)]
+        return [nbest[0][0] for nbest in self.translate_nbest(lines, prefixes=prefixes, target=target)]
 
     def translate_nbest(
         self,
@@ -137,6 +150,7 @@ class LineTranslator:
         first_line: int | list[int] = 1,
         prefixes: list[str] | None = None,
         on_batch: Callable[[int], None] | None = None,
+        target: str | None = None,
     ) -> list[list[tuple[str, float]]]:
         """Up to decode.nbest (text, score) pairs per line, best first; a blank line gives [("", 0.0)].
 
@@ -144,8 +158,9 @@ class LineTranslator:
         gives each its own, as sentences split from lines get their line's).
         `prefixes`, one per line ("" for none), are target text each translation must begin with.
         `on_batch(n)` is told after each batch how many lines it translated (a progress display).
+        `target`: the target tag of a model of several targets, over the translator's own.
         """
-        sources = self.encode(lines, first_line).sources
+        sources = self.encode(lines, first_line, target).sources
         forced: dict[int, list[int]] = {}
         if prefixes is not None:
             keys = [i for i in sources if prefixes[i].strip()]
@@ -156,15 +171,28 @@ class LineTranslator:
             terms = self.terminology.apply({i: lines[i] for i in sources})
         return self.search_sources(len(lines), sources, forced, constraints=terms, on_batch=on_batch)
 
-    def encode(self, lines: list[str], first_line: int | list[int] = 1) -> Encoded:
+    def encode(self, lines: list[str], first_line: int | list[int] = 1, target: str | None = None) -> Encoded:
         """The lines cleaned, cut, encoded and truncated, each cut line with a warning (`first_line`
-        numbers them)."""
+        numbers them); each after its target tag where the model has several targets (`target`, the
+        translator's own, or the line's leading tag: nmt.subword.Subword.encode)."""
         cut = {i for i, line in enumerate(lines) if len(line) > self.max_chars}
         lines = [cut_line(line, self.max_chars) if i in cut else line for i, line in enumerate(lines)]
         lines = self.clean(lines, first_line)
         todo = [i for i, line in enumerate(lines) if line.strip()]
         encoded = Encoded()
-        for i, ids in zip(todo, self.subword.encode([lines[i] for i in todo]), strict=True):
+        tag = target or self.target
+        all_ids = self.subword.encode([lines[i] for i in todo], tag=tag)
+        if self.subword.targets and tag not in self.subword.tags:
+            tags = set(self.subword.tags.values())
+            untagged = next(
+                (i for i, ids in zip(todo, all_ids, strict=True) if ids[:1] and ids[0] not in tags), None
+            )
+            if untagged is not None:
+                raise NmtError(
+                    f"line {line_number(first_line, untagged)}: this model translates into "
+                    f"{', '.join(self.target_names())}: choose one (--target, or a leading >>xxx<< tag)"
+                )
+        for i, ids in zip(todo, all_ids, strict=True):
             if i in cut or len(ids) > self.max_source:
                 size = f"over {self.max_chars:,} characters" if i in cut else f"{len(ids)} subwords"
                 limit = f"the model's {self.max_source} subwords"
@@ -311,7 +339,8 @@ class Translator(LineTranslator):
         shortlist=None,
         terminology=None,
         workers=None,
+        target=None,
     ):
         engine = TorchEngine(model, decode, device, shortlist)
-        super().__init__(engine, subword, console, terminology, workers)
+        super().__init__(engine, subword, console, terminology, workers, target)
         self.model = model

@@ -123,6 +123,8 @@ def translate_stream(
     avoid: Path | None = None,
     split_sentences: bool | None = None,
     workers: int | None = None,
+    target: str | None = None,
+    source: str | None = None,
 ) -> None:
     """`nmt translate`: lines from `input` (default stdin) to `output` (default stdout), in order.
 
@@ -136,6 +138,7 @@ def translate_stream(
     translation covers much less than its source is a warning naming it (split.short_lines).
     `glossary` (a TSV of terms) and `avoid` (phrases) are obeyed by the search (nmt.translate.terminology).
     `workers`: processes that search the batches (nmt.translate.workers); None: the default for the input.
+    `target`, `source`: the direction, for a model of several (nmt.translate.builder.chosen_target).
     """
     check_files(model_path, input, output, prefix, glossary, avoid, bool(split_sentences))
     split_sentences = prefix is None if split_sentences is None else split_sentences
@@ -154,6 +157,8 @@ def translate_stream(
             glossary=glossary,
             avoid=avoid,
             workers=plan,
+            target=target,
+            source=source,
         )
         translator, decode = built.translator, built.decode
         if decode.shortlist and (scored or decode.nbest > 1):
