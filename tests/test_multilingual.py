@@ -227,7 +227,7 @@ def test_a_tag_typed_mid_line_switches_nothing_and_a_leading_one_does(trained, t
     translator = build_translator(model, target="de", dtype="fp32").translator
     line = "a b c d e"
     plain = translator.translate([line])[0]
-    typed = translator.encode([f"a b >>fra<< c d e"]).sources[0]
+    typed = translator.encode(["a b >>fra<< c d e"]).sources[0]
     assert typed[0] == translator.subword.tags[">>deu<<"]
     assert not set(typed[1:]) & set(translator.subword.tags.values())
     assert translator.translate([f">>fra<< {line}"])[0] == translator.translate([line], target=">>fra<<")[0]
