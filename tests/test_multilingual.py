@@ -266,3 +266,10 @@ def test_a_bilingual_model_accepts_its_own_target_only(checkpoint):
     assert built.targets == (built.tgt_lang,) and built.translator.target is None
     with pytest.raises(NmtError, match="translates into"):
         build_translator(checkpoint, dtype="fp32", target="zz")
+
+
+def test_a_leading_tag_goes_into_every_sentence_of_its_line(trained, tmp_path):
+    model, _ = trained
+    out = cli("translate", "-m", str(model), "--beam", "1", stdin=b">>fra<< a b c. d e f.\n")
+    assert out.returncode == 0, out.stderr
+    assert IS["fr"](out.stdout.decode().strip()) and ">>" not in out.stdout.decode()

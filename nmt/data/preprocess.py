@@ -428,8 +428,9 @@ def _print_stats(stats: dict, data: DataConfig, console: Console) -> None:
     console.print(table)
     p, tokens = train["length_percentiles"], train["tokens"]
     tests = ", ".join(f"{k} {v:,}" for k, v in stats["test"].items()) or "none"
+    src, tgt = ("source", "target") if data.multilingual else (data.src_lang, data.tgt_lang)
     console.print(
-        f"train: {tokens['src']:,} {data.src_lang} / {tokens['tgt']:,} {data.tgt_lang} subwords,"
+        f"train: {tokens['src']:,} {src} / {tokens['tgt']:,} {tgt} subwords,"
         f" 95th percentile length {p['src']['95']} / {p['tgt']['95']};"
         f" valid: {stats['valid']['lines']:,} pairs; test: {tests}; vocabulary {stats['vocab_size']:,}",
         highlight=False,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+from nmt.languages import leading_tag
 from nmt.sentences import join_sentences, split_sentences
 
 # A sentence end: terminal punctuation (closing quotes and brackets after it allowed), then space and a
@@ -45,6 +46,16 @@ class SentenceTranslator:
     def __init__(self, translator, language: str):
         self.translator, self.language = translator, language
 
+    def split(self, line: str) -> tuple[list[str], list[str]]:
+        """The line's sentences and the spacing between them (split_sentences); a leading target tag
+        (`>>fra<< One. Two.`, nmt.languages) goes before each sentence, so all go into its language."""
+        tags = self.translator.subword.tags
+        lead, rest = leading_tag(line) if tags else (None, line)
+        if lead is None or lead not in tags:
+            return split_sentences(line, self.language)
+        sentences, gaps = split_sentences(rest, self.language)
+        return [f"{lead} {s}" for s in sentences], gaps
+
     @property
     def max_chars(self) -> int:
         """The characters of a line the line translator keeps."""
@@ -53,7 +64,7 @@ class SentenceTranslator:
     def translate_nbest(
         self, lines: list[str], first_line: int = 1, prefixes: list[str] | None = None, on_batch=None
     ) -> list[list[tuple[str, float]]]:
-        split = [split_sentences(line, self.language) for line in lines]
+        split = [self.split(line) for line in lines]
         sentences = [s for sents, _ in split for s in sents]
         numbers = [first_line + k for k, (sents, _) in enumerate(split) for _ in sents]  # warnings name lines
         counted = None
