@@ -369,7 +369,7 @@ def test_subwords_trained_twice_on_a_corpus_larger_than_their_sample_are_identic
     import dataclasses
     import random
 
-    from nmt.config import DataConfig
+    from nmt.config import CorpusSpec, DataConfig
     from nmt.subword import sample_lines, train_subword
 
     rng = random.Random(0)
@@ -381,7 +381,7 @@ def test_subwords_trained_twice_on_a_corpus_larger_than_their_sample_are_identic
         lines = (" ".join(rng.choice(words[: rng.randint(10, 2000)]) for _ in range(12)) for _ in range(6000))
         (tmp_path / f"text.{side}").write_text("\n".join(lines) + "\n")
     files = [tmp_path / "text.src", tmp_path / "text.tgt"]
-    corpus = {"name": "x", "src": None, "tgt": None, "sacrebleu": "wmt14"}
+    corpus = CorpusSpec(name="x", sacrebleu="wmt14")
     data = DataConfig(
         src_lang="xx", tgt_lang="yy", train=(), valid=(), vocab_size=400, spm_sample_sentences=1500
     )
