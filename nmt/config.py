@@ -590,8 +590,8 @@ def _check(cfg: Config, source: str, corpora: bool = True) -> None:
                 f"data.{section}[{i}]",
                 f"{src}-{tgt} is not a direction the training corpora hold ({names})",
             )
-    if data.multilingual:
-        for section in ("valid", "test"):
+    if data.multilingual:  # a corpus is named by its name and direction in statistics and results
+        for section in ("train", "valid", "test"):
             seen = [(c.name, data.direction(c)) for c in getattr(data, section)]
             dup = next((n for n, d in seen if seen.count((n, d)) > 1), None)
             need(dup is None, f"data.{section}", f"{dup} is named twice for one direction")
