@@ -88,6 +88,8 @@ def load_data(cfg: Config, workdir: Path) -> TrainData:
 def train_groups(data_dir: Path, pairs: int) -> tuple[Group, ...]:
     """The corpus groups of data/stats.json, checked against the split they describe; () where a work
     directory predates them (one run of every pair, as it was trained)."""
+    if not (data_dir / "stats.json").exists():  # data laid out before stats.json, or by hand
+        return ()
     try:
         stats = json.loads((data_dir / "stats.json").read_text(encoding="utf-8"))
         groups = tuple(
