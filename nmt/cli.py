@@ -894,9 +894,9 @@ def distill(
     nmt distill multi30k-en-de-student --teacher average.pt --init teacher   # shrink and fine-tune
     """
     from nmt.config import load_config
+    from nmt.data.filters import FilterSettings
     from nmt.distill import DistillOptions
     from nmt.distill import distill as run_distill
-    from nmt.distill.filters import FilterSettings
 
     cfg = load_config(recipe, _overrides(overrides, None))
     opts = DistillOptions(

@@ -3,7 +3,8 @@
 A sibling of nmt.translate.torch_engine under the same front end (nmt.translate.LineTranslator): subword
 ids in, n-best hypotheses out, nothing of lines or files; so both engines see the same batches. Decode options
 map to CTranslate2's own: min_len -> min_decoding_length, no_repeat_ngram_size, prefixes -> target_prefix,
-sampling -> sampling_topk / sampling_topp / sampling_temperature with a random seed set once.
+sampling -> sampling_topk / sampling_topp / sampling_temperature with a random seed set once (again per
+chunk by nmt.translate.chunks: `reseed`).
 
 How nmt.translate.search's conventions are obtained from CTranslate2's beam search:
 - Stopping: a sentence stops once K hypotheses have finished, as ours (rule (a)). CTranslate2 does so
@@ -110,6 +111,10 @@ class CT2Engine:
                 f"{model_dir}: CTranslate2 cannot load it on {device} ({compute_type}): {e}"
             ) from None
         self.compute_type: str = self.engine.compute_type  # what "default" turned out to be
+
+    def reseed(self, seed: int) -> None:
+        """Sampling from here on draws from the stream of `seed` (nmt.translate.chunks: one per chunk)."""
+        import_ctranslate2().set_random_seed(seed)
 
     def limits(self, ids: list[list[int]], prefixes: list[list[int]] | None) -> list[int]:
         """Tokens each source may have before its EOS: nmt.translate.search's output_limits."""
