@@ -97,15 +97,16 @@ class CT2Engine:
                 "(nmt shortlist)"
             )
         kind, _, index = device.partition(":")
+        self.options = dict(
+            device=kind,
+            device_index=int(index or 0),
+            compute_type=compute_type,
+            inter_threads=inter_threads,  # batches searched at once (nmt.translate.workers.BatchThreads)
+            intra_threads=threads or 0,  # 0: CTranslate2's default
+        )
+        self.model_dir = model_dir
         try:
-            self.engine = ct2.Translator(
-                str(model_dir),
-                device=kind,
-                device_index=int(index or 0),
-                compute_type=compute_type,
-                inter_threads=inter_threads,  # batches searched at once (nmt.translate.workers.BatchThreads)
-                intra_threads=threads or 0,  # 0: CTranslate2's default
-            )
+            self.engine = ct2.Translator(str(model_dir), **self.options)
         except (RuntimeError, ValueError) as e:
             raise NmtError(
                 f"{model_dir}: CTranslate2 cannot load it on {device} ({compute_type}): {e}"
@@ -113,8 +114,13 @@ class CT2Engine:
         self.compute_type: str = self.engine.compute_type  # what "default" turned out to be
 
     def reseed(self, seed: int) -> None:
-        """Sampling from here on draws from the stream of `seed` (nmt.translate.chunks: one per chunk)."""
+        """Sampling from here on draws from the stream of `seed` (nmt.translate.chunks: one per chunk).
+        CTranslate2 seeds each of its threads' generators once, from the global seed at the thread's
+        first draw, so setting the seed alone changes nothing on a translator that has sampled: the
+        translator is opened again, with new threads."""
         import_ctranslate2().set_random_seed(seed)
+        del self.engine  # its threads and weights go before the new ones load
+        self.engine = import_ctranslate2().Translator(str(self.model_dir), **self.options)
 
     def limits(self, ids: list[list[int]], prefixes: list[list[int]] | None) -> list[int]:
         """Tokens each source may have before its EOS: nmt.translate.search's output_limits."""
