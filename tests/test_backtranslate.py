@@ -280,3 +280,103 @@ def test_ctranslate2_back_translates_alike_when_resumed(reverse_model, mono, tmp
     backtranslate(opts(tmp_path / "resumed"), QUIET)
     assert corpus(tmp_path / "resumed") == corpus(tmp_path / "whole")
     assert corpus(tmp_path / "whole")[0].count("\n") >= 30
+
+
+# ---- tagged back-translation: <BT> on a corpus's sources, by id, never from text ------------------------
+
+
+def tagged_recipe(folder: Path, tag: bool | None = True) -> tuple[dict, str]:
+    """A recipe of a real corpus and a back-translated one (tagged or not; None: no `tag` key at all),
+    served from `folder` as a mirror; returns the recipe as a dict and the mirror."""
+    import hashlib
+
+    rng = random.Random(2)
+    specs = {}
+    for name, n in (("real", 60), ("bt", 40), ("valid", 10)):
+        src = [sentence(rng) for _ in range(n)]
+        if name == "real":  # text that spells the tag, and its characters elsewhere: real sources
+            src = [
+                f"<BT> {line}" if i % 3 == 0 else f"< T > {line}" if i % 3 == 1 else line
+                for i, line in enumerate(src)
+            ]
+        for lang, lines in (("xx", src), ("yy", [line.upper() for line in src])):
+            path = folder / f"{name}.{lang}"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("".join(line + "\n" for line in lines))
+            sha = hashlib.sha256(path.read_bytes()).hexdigest()
+            specs[name, lang] = {"url": f"http://127.0.0.1/data/{path.name}", "sha256": sha}
+    corpus = lambda name: {"name": name, "src": specs[name, "xx"], "tgt": specs[name, "yy"]}  # noqa: E731
+    bt = corpus("bt") | ({} if tag is None else {"tag": tag})
+    data = {
+        "src_lang": "xx",
+        "tgt_lang": "yy",
+        "train": [corpus("real"), bt],
+        "valid": [corpus("valid")],
+        "vocab_size": 70,
+    }
+    return {"data": data}, str(folder)
+
+
+def test_a_tagged_corpus_reserves_bt_and_only_training_corpora_may_be_tagged(tmp_path):
+    from nmt.config import config_from_dict
+
+    recipe, _ = tagged_recipe(tmp_path)
+    assert config_from_dict(recipe).data.reserved_tags == ("<BT>",)
+    assert config_from_dict(tagged_recipe(tmp_path, tag=False)[0]).data.reserved_tags == ()
+    recipe["data"]["valid"][0]["tag"] = True
+    with pytest.raises(ConfigError, match=r"data.valid\[0\].tag: only training corpora are tagged"):
+        config_from_dict(recipe)
+
+
+def test_tagged_sources_begin_with_bt_by_id_and_typed_bt_is_text(tmp_path, monkeypatch):
+    """<BT> is a control symbol: binarize puts its id first on the tagged corpus's sources alone;
+    SentencePiece never encodes text to it, so typing it changes nothing, and decoding never writes it."""
+    from nmt.config import config_from_dict
+    from nmt.data.binarized import ParallelData
+    from nmt.data.preprocess import preprocess
+    from nmt.subword import Subword
+
+    monkeypatch.setenv("NMT_CACHE", str(tmp_path / "cache"))
+    recipe, mirror = tagged_recipe(tmp_path / "mirror")
+    stats = preprocess(config_from_dict(recipe), tmp_path / "w", mirror=mirror, console=QUIET)
+    sub = Subword.load(tmp_path / "w" / "data" / "spm.model")
+    bt = sub.tags["<BT>"]
+    assert sub.tags == {"<BT>": bt} and sub.targets == []
+    split = ParallelData(tmp_path / "w" / "data" / "train")
+    groups = {g["corpus"]: g["pairs"] for g in stats["groups"]}
+    assert list(groups) == ["real", "bt"] and len(split) == sum(groups.values())
+    firsts = [int(split.src(i)[0]) for i in range(len(split))]
+    assert firsts[groups["real"] :] == [bt] * groups["bt"]  # every back-translated source, first
+    assert bt not in firsts[: groups["real"]]  # the real sources that begin with the text "<BT>" too
+    assert all(
+        bt not in split.src(i)[1:].tolist() and bt not in split.tgt(i).tolist() for i in range(len(split))
+    )
+    # typed in any position, <BT> is its characters' pieces, as any other text
+    for line in ("<BT> a b c", "a <BT> b", "<BT>"):
+        ids = sub.encode([line])[0]
+        assert bt not in ids
+        assert sub.decode([ids]) == [line]
+    assert sub.decode([[bt, *sub.encode(["a b"])[0], bt]]) == ["a b"]  # never written out
+
+
+def test_a_recipe_without_tagged_corpora_keeps_its_fingerprints_and_vocabulary(tmp_path, monkeypatch):
+    """`tag` at its default is left out of the work directory's fingerprints, as the keys of several
+    directions are: a bilingual work directory made before it is neither redone nor refused."""
+    from nmt.config import config_from_dict
+    from nmt.data import preprocess as prep
+
+    recipe, _ = tagged_recipe(tmp_path, tag=None)
+    data = config_from_dict(recipe).data
+    assert data.reserved_tags == ()
+    with_key = {step: prep._fingerprint(data, step) for step in ("text", "subword")}
+    original = prep.config_to_dict
+
+    def without_tag(cfg):  # the config as it was written before corpora had a `tag`
+        d = original(cfg)
+        for section in ("train", "valid", "test"):
+            for corpus in d[section]:
+                corpus.pop("tag")
+        return d
+
+    monkeypatch.setattr(prep, "config_to_dict", without_tag)
+    assert with_key == {step: prep._fingerprint(data, step) for step in ("text", "subword")}
