@@ -380,3 +380,41 @@ def test_a_recipe_without_tagged_corpora_keeps_its_fingerprints_and_vocabulary(t
 
     monkeypatch.setattr(prep, "config_to_dict", without_tag)
     assert with_key == {step: prep._fingerprint(data, step) for step in ("text", "subword")}
+
+
+def test_a_model_that_writes_bt_never_outputs_it_and_typed_bt_reaches_it_as_text(tmp_path, monkeypatch):
+    """The worst case for a leak: a model whose every step prefers <BT>. Its translations hold no tag,
+    and lines that spell <BT> reach it as their characters' subwords, never as the tag's id."""
+    import torch
+
+    from nmt.checkpoint import save_checkpoint
+    from nmt.config import config_from_dict
+    from nmt.data.preprocess import preprocess
+    from nmt.model import Transformer
+    from nmt.subword import Subword
+    from nmt.translate import build_translator
+
+    monkeypatch.setenv("NMT_CACHE", str(tmp_path / "cache"))
+    recipe, mirror = tagged_recipe(tmp_path / "mirror")
+    recipe["model"] = {"encoder_layers": 1, "decoder_layers": 1, "d_model": 16, "d_ff": 32, "heads": 2}
+    recipe["model"] |= {"max_positions": 64, "output_bias": True}
+    recipe["decode"] = {"beam": 2, "max_len_a": 1.0, "max_len_b": 5}
+    cfg = config_from_dict(recipe)
+    preprocess(cfg, tmp_path / "w", mirror=mirror, console=QUIET)
+    sub = Subword.load(tmp_path / "w" / "data" / "spm.model")
+    bt = sub.tags["<BT>"]
+    torch.manual_seed(0)
+    model = Transformer(cfg.model, sub.vocab_size)
+    model.output_bias[bt] = 100.0  # every step's likeliest token
+    path = tmp_path / "bt-writer.pt"
+    save_checkpoint(
+        path, model_state=model.state_dict(), config=cfg, subword_proto=sub.proto, vocab_size=sub.vocab_size
+    )
+    translator = build_translator(path, device="cpu", dtype="fp32", console=QUIET).translator
+    lines = ["<BT> a b c", "a <BT> b", "a b c"]
+    encoded = translator.encode(lines).sources
+    assert all(bt not in ids for ids in encoded.values())
+    assert [encoded[i] for i in range(3)] == sub.encode(lines)
+    found = translator.engine.search([encoded[0]], None, 1)[0][0].tokens
+    assert bt in found  # the model did write the tag
+    assert translator.translate(lines) == ["", "", ""]  # and no output holds it
