@@ -404,7 +404,10 @@ class Run:
             "valid": text["valid"],
             "test": text["test"],
         }
-        stats = binarize(self.cfg.data, out, text_info, self.console)
+        # binarize groups the pairs by the recipe's training corpora; here they are one, the distilled text
+        distilled = dataclasses.replace(self.cfg.data.train[0], name="distilled", weight=1.0, tag=False)
+        data = dataclasses.replace(self.cfg.data, train=(distilled,))
+        stats = binarize(data, out, text_info, self.console)
         write_json(out / "stats.json", stats)
         self.console.print(
             f"data: {stats['train']['kept']:,} training pairs, {stats['valid']['lines']:,} validation pairs "
