@@ -242,9 +242,15 @@ def backtranslate(opts: BacktranslateOptions, console: Console | None = None) ->
     check_settings(opts, settings(opts, src_lang, tgt_lang))
     done = opts.workdir / "done.json"
     if done.exists() and all(p.exists() for p in written.values()):
-        info = json.loads(done.read_text(encoding="utf-8"))
-        console.print(f"backtranslate: already done ({done})", highlight=False)
-        return info
+        try:
+            info = json.loads(done.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            info = None
+        if isinstance(info, dict):
+            console.print(f"backtranslate: already done ({done})", highlight=False)
+            return info
+        # damaged from outside: the corpus is written again from the chunks, which are checked
+        console.print(f"[yellow]warning:[/] {done}: damaged; writing the corpus again", highlight=False)
     start = time.perf_counter()
     model = opts.reverse
     if opts.engine is Engine.CTRANSLATE2:

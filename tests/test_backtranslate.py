@@ -3,6 +3,7 @@ and resumed to the same corpus, its settings kept, its hostile inputs refused in
 
 from __future__ import annotations
 
+import json
 import random
 from io import StringIO
 from pathlib import Path
@@ -78,6 +79,11 @@ def test_the_corpus_pairs_synthetic_sources_with_each_real_line_once(
     assert all(line.strip() for line in src)
     again = backtranslate(options(reverse_model, mono, tmp_path / "bt" / "c"), QUIET)  # done: nothing redone
     assert again == info
+    done = tmp_path / "bt" / "c.work" / "done.json"
+    done.write_text("{")  # damaged from outside: written again, to the same corpus
+    written = corpus(tmp_path / "bt" / "c")
+    assert backtranslate(options(reverse_model, mono, tmp_path / "bt" / "c"), QUIET)["pairs"] == info["pairs"]
+    assert corpus(tmp_path / "bt" / "c") == written and json.loads(done.read_text())["pairs"] == info["pairs"]
 
 
 def test_max_lines_caps_what_is_translated(reverse_model, mono, tmp_path, one_torch_thread):
