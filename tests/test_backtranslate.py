@@ -424,3 +424,46 @@ def test_a_model_that_writes_bt_never_outputs_it_and_typed_bt_reaches_it_as_text
     found = translator.engine.search([encoded[0]], None, 1)[0][0].tokens
     assert bt in found  # the model did write the tag
     assert translator.translate(lines) == ["", "", ""]  # and no output holds it
+
+
+@pytest.mark.slow  # real processes, killed by signals where they are, beside an uninterrupted one
+def test_backtranslate_killed_by_signals_resumes_to_the_same_synthetic_corpus(reverse_model, tmp_path):
+    """SIGKILL once a chunk is written, SIGTERM once a later one is: each real process dies wherever it
+    is (mid-chunk, mid-write), leaves no partial file, and the run then ends with the corpus of one
+    never killed."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    rng = random.Random(8)
+    mono = tmp_path / "mono.xx"
+    mono.write_text("".join(sentence(rng) + "\n" for _ in range(600)))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def command(prefix):
+        return [sys.executable, "-m", "nmt", "backtranslate", "-r", str(reverse_model), "--mono", str(mono),
+                "-o", str(prefix), "--chunk-lines", "25", "--device", "cpu"]  # fmt: skip
+
+    done = subprocess.run(command(tmp_path / "whole"), env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    chunks = tmp_path / "resumed.work" / "chunks"
+    for sig, sign in ((signal.SIGKILL, "00001.jsonl"), (signal.SIGTERM, "00012.jsonl")):
+        process = subprocess.Popen(
+            command(tmp_path / "resumed"), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        deadline = time.monotonic() + 300
+        while not (chunks / sign).exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert process.poll() is None, "finished before the signal: give it more to translate"
+        process.send_signal(sig)
+        _, stderr = process.communicate(timeout=120)
+        assert "Traceback" not in stderr.decode(), stderr.decode()
+        assert process.returncode != 0
+    assert not [p for p in chunks.iterdir() if not p.name.endswith(".jsonl")]  # no temporary file left
+    assert not (tmp_path / "resumed.yy").exists()
+    done = subprocess.run(command(tmp_path / "resumed"), env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert corpus(tmp_path / "resumed") == corpus(tmp_path / "whole")
+    assert corpus(tmp_path / "whole")[0].count("\n") >= 500
