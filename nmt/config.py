@@ -22,7 +22,7 @@ from typing import Any, Literal, Union
 import yaml
 
 from nmt.errors import ConfigError, NmtError
-from nmt.languages import same, target_tag
+from nmt.languages import BT_TAG, same, target_tag
 
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"  # a link to the top-level recipes/ in a checkout
 DEFAULT_RECIPE = "multi30k-en-de"
@@ -54,6 +54,10 @@ class CorpusSpec:
     # Training corpora: how often its pairs are drawn, relative to its size (2: twice as often as
     # concatenation would; see DataConfig.sampling_temperature). Validation and test sets ignore it.
     weight: float = 1.0
+    # Training corpora: a back-translated one (synthetic sources) has each source begin with the
+    # reserved <BT> control symbol, by id (tagged back-translation, Caswell et al. 2019), so the model
+    # can tell synthetic sources from real ones; user input never carries it.
+    tag: bool = False
 
 
 @dataclass(frozen=True)
@@ -116,14 +120,17 @@ class DataConfig:
     def targets(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(t for _, t in self.directions))
 
+    def target_tag(self, target: str) -> str | None:
+        """The tag the sources into `target` begin with: None for a model of one target, which has none."""
+        return target_tag(target) if len(self.targets) > 1 else None
+
     @property
     def reserved_tags(self) -> tuple[str, ...]:
         """The reserved subwords the vocabulary is trained with, inserted by id (nmt.languages): a
         target tag per language where there are several targets, so a bilingual model has none and
-        stays what it always was."""
-        if len(self.targets) < 2:
-            return ()
-        return tuple(target_tag(t) for t in self.targets)
+        stays what it always was; and <BT> where a training corpus is tagged (CorpusSpec.tag)."""
+        targets = tuple(target_tag(t) for t in self.targets) if len(self.targets) > 1 else ()
+        return targets + ((BT_TAG,) if any(c.tag for c in self.train) else ())
 
 
 # The largest model nmt builds, in each dimension (a recipe, a checkpoint, an imported config.json):
@@ -583,6 +590,11 @@ def _check(cfg: Config, source: str, corpora: bool = True) -> None:
                 "give either src and tgt files or a sacrebleu test set name",
             )
             need(0 < c.weight < math.inf, f"data.{section}[{i}].weight", f"must be positive, got {c.weight}")
+            need(
+                section == "train" or not c.tag,
+                f"data.{section}[{i}].tag",
+                "only training corpora are tagged: the model is validated and tested on real sources",
+            )
             src, tgt = data.direction(c)
             need(not same(src, tgt), f"data.{section}[{i}].tgt_lang", f"must differ from its source {src}")
             need(

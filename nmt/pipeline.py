@@ -22,7 +22,6 @@ from nmt.checkpoint import average_last, checkpoint_subword
 from nmt.config import Config, CorpusSpec
 from nmt.data.preprocess import corpus_key, preprocess, test_text
 from nmt.device import resolve_device
-from nmt.languages import target_tag
 from nmt.score import corpus_scores, language_share, read_lines
 from nmt.train import train
 from nmt.train.monitor import training_summary
@@ -103,7 +102,7 @@ def translate_test_set(
     name = corpus_key(cfg.data, corpus)
     src_path = test_text(workdir / "data", cfg.data, corpus)[0]
     out = translation_path(cfg, workdir, corpus)
-    tag = target_tag(cfg.data.direction(corpus)[1]) if cfg.data.reserved_tags else None
+    tag = cfg.data.target_tag(cfg.data.direction(corpus)[1])
     meta = out.with_name(out.name + ".json")
     if (
         out.exists()

@@ -17,12 +17,13 @@ from typer.testing import CliRunner
 from nmt import atomic
 from nmt.cli import app
 from nmt.config import RECIPES_DIR, config_from_dict, config_to_dict, load_config
+from nmt.data.filters import FilterSettings, bad_ratio, filter_pairs, repeats
 from nmt.distill import DistillOptions, distill
 from nmt.distill import steps as distill_steps
-from nmt.distill.filters import FilterSettings, bad_ratio, filter_pairs, repeats
 from nmt.distill.select import select_chrf, select_top1
 from nmt.errors import ConfigError, DataError
 from nmt.train import dry_run
+from nmt.translate.chunks import chunk_path
 
 from .synthetic import reverse, sentence
 
@@ -437,7 +438,7 @@ def test_a_damaged_chunk_is_translated_again_and_other_damage_is_one_line(setup,
     run = distill_steps.Run(cfg, opts, tmp_path / "w", mirror, QUIET)
     run.step("text", run.text)
     run.step("teacher", run.teacher)
-    chunk = distill_steps.chunk_path(run.dir / "nbest", 1)
+    chunk = chunk_path(run.dir / "nbest", 1)
     whole = chunk.read_text()
     for damage in (
         whole[: len(whole) // 2],

@@ -24,6 +24,7 @@ LAYERS = [
     ["nmt.formats", "nmt.untrained", "nmt.shortlist"],
     ["nmt.translate"],
     ["nmt.train", "nmt.serve"],
+    ["nmt.backtranslate"],  # a reverse model's translations of monolingual text, for `nmt run` to train on
     ["nmt.pipeline", "nmt.distill"],  # side by side: `nmt run`, and a student from a teacher
     ["nmt.cli"],
     ["nmt.__main__"],

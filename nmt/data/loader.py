@@ -31,7 +31,6 @@ from nmt.data.binarized import ParallelData
 from nmt.data.preprocess import valid_text
 from nmt.data.sampling import Group, epoch_pairs
 from nmt.errors import DataError
-from nmt.languages import target_tag
 from nmt.subword import Subword
 
 Batch = tuple[Tensor, Tensor, Tensor]  # src (B, S), tgt_in (B, T), tgt_out (B, T)
@@ -79,7 +78,7 @@ def load_data(cfg: Config, workdir: Path) -> TrainData:
     texts = []
     for direction in cfg.data.directions:
         src, ref = valid_text(data_dir, cfg.data, direction)
-        tag = target_tag(direction[1]) if cfg.data.reserved_tags else None
+        tag = cfg.data.target_tag(direction[1])
         texts.append(ValidText(direction, read(src), read(ref), tag))
     groups = train_groups(data_dir, len(train))
     return TrainData(train=train, valid=valid, valid_text=texts, subword=subword, groups=groups)

@@ -34,7 +34,7 @@ from nmt.data.binarized import write_split
 from nmt.data.clean import REASONS, Seen, clean_pairs, open_text, read_pairs
 from nmt.data.corpora import corpus_text
 from nmt.errors import ConfigError
-from nmt.languages import target_tag
+from nmt.languages import BT_TAG
 from nmt.progress import Progress, count_lines
 from nmt.subword import Subword, train_subword
 
@@ -194,7 +194,9 @@ def binarize(data: DataConfig, out: Path, text_info: dict, console: Console | No
     Directions are written one after another, each corpus's pairs together, and `groups` in the
     statistics says how many pairs of the split each corpus holds, in that order, and its weight: what
     the loader samples by (nmt.data.sampling). A model of several targets has each source begin with
-    its target's tag, by id.
+    its target's tag, by id. A tagged corpus (CorpusSpec.tag) has <BT> before that, first, as Caswell
+    et al. (2019) place it: the first thing the encoder sees says the source is synthetic. Its id is
+    counted in data.max_subwords as the target tag's is.
     """
     sub = Subword.load(out / "spm.model")
     train = dict(text_info["train"])
@@ -209,7 +211,9 @@ def binarize(data: DataConfig, out: Path, text_info: dict, console: Console | No
             for spec in (c for c in data.train if data.direction(c) == direction):
                 group = {"corpus": corpus_key(data, spec), "pairs": 0, "weight": spec.weight}
                 groups.append(group)
+                bt = [sub.tags[BT_TAG]] if spec.tag else []
                 for src, tgt in itertools.islice(pairs, train["corpora"][group["corpus"]]["kept"]):
+                    src = bt + src if bt else src
                     if len(src) > data.max_subwords or len(tgt) > data.max_subwords:
                         dropped["too_many_subwords"] += 1
                         continue
@@ -282,7 +286,7 @@ def corpus_key(data: DataConfig, corpus: CorpusSpec) -> str:
 
 
 def _tag(data: DataConfig, direction: tuple[str, str]) -> str | None:
-    return target_tag(direction[1]) if data.reserved_tags else None
+    return data.target_tag(direction[1])
 
 
 def _by_language(out: Path, data: DataConfig) -> dict[str, list[Path]] | None:
@@ -364,7 +368,7 @@ def _fingerprint(data: DataConfig, step: str, init_subword: bytes | None = None)
     settings = config_to_dict(data)
     for section in ("train", "valid", "test"):  # keys added with several directions, at their defaults,
         for corpus in settings[section]:  # leave a bilingual work directory's fingerprints as they were
-            for key, default in (("src_lang", None), ("tgt_lang", None), ("weight", 1.0)):
+            for key, default in (("src_lang", None), ("tgt_lang", None), ("weight", 1.0), ("tag", False)):
                 if corpus.get(key) == default:
                     corpus.pop(key)
     if settings["sampling_temperature"] == 1.0:

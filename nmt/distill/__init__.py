@@ -3,7 +3,7 @@ what a teacher translates.
 
 steps (the resumable command: source text, teacher n-best in chunks, selection, filtering, the student's
 data under the teacher's subwords, training, averaging, the comparison), select (which hypothesis of an
-n-best list to keep), filters (what to drop from the teacher's output), compare (teacher against student
+n-best list to keep; what to drop then is nmt.data.filters), compare (teacher against student
 on the test sets, per engine and precision), shrink (a student initialised from the teacher's own weights,
 --init teacher).
 """

@@ -21,6 +21,7 @@ from rich.table import Table
 
 from nmt import atomic
 from nmt.config import Config, DecodeOverrides, Engine, Precision
+from nmt.formats.export import exported
 from nmt.score import corpus_scores, read_lines
 
 LATENCY_LINES = 100
@@ -32,18 +33,6 @@ def ctranslate2_available() -> bool:
     except ImportError:
         return False
     return True
-
-
-def exported(model: Path, folder: Path, console: Console) -> Path:
-    """`model` as a CTranslate2 folder (`nmt export`), exported again only when the model is newer."""
-    from nmt.formats.ctranslate2 import META_FILE
-    from nmt.formats.export import export
-
-    meta = folder / META_FILE
-    if meta.exists() and meta.stat().st_mtime >= Path(model).stat().st_mtime:
-        return folder
-    console.print(f"export: {model} -> {folder} (CTranslate2)", highlight=False)
-    return export(Path(model), folder, "ctranslate2", force=folder.exists())
 
 
 def engines() -> list[tuple[Engine, Precision]]:

@@ -27,7 +27,6 @@ import dataclasses
 import functools
 import hashlib
 import json
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,11 +37,12 @@ from nmt import atomic
 from nmt.checkpoint import checkpoint_config, checkpoint_subword
 from nmt.config import Config, DecodeOverrides, Engine, Precision, config_to_dict
 from nmt.data.clean import REASONS as CLEAN_REASONS
+from nmt.data.filters import FilterSettings, filter_pairs
 from nmt.data.preprocess import binarize, write_text
-from nmt.distill.filters import FilterSettings, filter_pairs
 from nmt.distill.select import select_chrf, select_top1
 from nmt.errors import ConfigError, DataError
 from nmt.score import read_lines
+from nmt.translate.chunks import is_number, read_chunks, read_jsonl
 
 STEPS = ("text", "teacher", "select", "filter", "data", "train", "average", "compare")
 SELECT = ("chrf", "top1")
@@ -292,114 +292,31 @@ class Run:
         return self.source / "clean" / f"train.{self.src_lang}"
 
     def teacher(self) -> dict:
-        from nmt.device import resolve_device
-        from nmt.translate.workers import plan as worker_plan
+        from nmt.translate.chunks import ChunkedRun, translate_chunks
 
         opts = self.opts
-        lines = read_lines(self.teacher_source())
-        chunks = math.ceil(len(lines) / opts.chunk_lines)
-        nbest_dir = self.dir / "nbest"
-        todo = [k for k in range(chunks) if not self.chunk_done(nbest_dir, k, len(lines))]
         model = opts.teacher
         if opts.teacher_engine is Engine.CTRANSLATE2:
             model = self.teacher_export()
         decode = self.teacher_config["decode"]
         overrides = DecodeOverrides.given(nbest=opts.nbest, beam=max(decode["beam"], opts.nbest))
-        # the worker plan `nmt translate` makes for a whole file: a process per thread on the CPU
-        plan = worker_plan(None, opts.teacher_engine, resolve_device(self.cfg.train.device), False, False)
-        try:
-            return self.teach(lines, todo, chunks, nbest_dir, model, overrides, plan)
-        finally:
-            plan.restore()
-
-    def teach(self, lines, todo, chunks, nbest_dir, model, overrides, plan) -> dict:
-        """The teacher's chunks `todo` translated through the workers of `plan`, with the progress (lines,
-        lines/s, ETA) `nmt translate` shows."""
-        from nmt.progress import Progress
-        from nmt.translate import build_translator
-
-        opts = self.opts
-        built = build_translator(
-            model,
-            overrides,
-            self.cfg.train.device,
-            opts.teacher_precision,
-            opts.teacher_engine,
-            self.console,
-            command="nmt distill",
-            workers=plan,
+        run = ChunkedRun(
+            model, overrides, self.cfg.train.device, opts.teacher_precision, opts.teacher_engine,
+            label="teacher", name=str(opts.teacher), command="nmt distill",
+        )  # fmt: skip
+        info = translate_chunks(
+            read_lines(self.teacher_source()), self.dir / "nbest", opts.chunk_lines, run, self.console
         )
-        self.console.print(
-            f"teacher: {opts.teacher} on {built.engine} ({built.describe()}), beam {built.decode.beam}, "
-            f"{opts.nbest}-best; {len(lines):,} lines in {chunks} chunks of {opts.chunk_lines:,}, "
-            f"{chunks - len(todo)} already done",
-            highlight=False,
-        )
-        remaining = sum(len(lines[k * opts.chunk_lines : (k + 1) * opts.chunk_lines]) for k in todo)
-        with (  # the workers fork before the progress display starts its thread
-            built.translator.workers.run(built.translator),
-            Progress(self.console, "teacher", remaining) as progress,
-        ):
-            for k in todo:
-                self.teach_chunk(built, lines, k, nbest_dir, progress)
-        return {
-            "lines": len(lines),
-            "chunks": chunks,
-            "engine": str(built.engine),
-            "precision": built.precision,
-            "beam": built.decode.beam,
-            "nbest": opts.nbest,
-        }
-
-    def teach_chunk(self, built, lines: list[str], k: int, nbest_dir: Path, progress) -> None:
-        """Chunk `k`'s n-best, written whole (a killed run resumes at its first missing chunk)."""
-        size = self.opts.chunk_lines
-        part = lines[k * size : (k + 1) * size]
-        before = progress.done
-        results = built.translator.translate_nbest(part, on_batch=progress.advance)
-        text = "".join(
-            json.dumps({"hyps": [h for h, _ in r], "scores": [round(s, 6) for _, s in r]}, ensure_ascii=False)
-            + "\n"
-            for r in results
-        )
-        atomic.write_text(chunk_path(nbest_dir, k), text)
-        progress.advance(len(part) - (progress.done - before))  # the blank lines, not searched
-
-    def chunk_done(self, folder: Path, k: int, total: int) -> bool:
-        """Whether chunk `k` is there whole: one n-best list per line of its part. A chunk is written
-        atomically, so only damage from outside makes one unreadable: it is translated again, with a
-        warning, rather than trusted."""
-        path = chunk_path(folder, k)
-        if not path.exists():
-            return False
-        expected = min(self.opts.chunk_lines, total - k * self.opts.chunk_lines)
-        try:
-            found = read_nbest(path)
-        except DataError as e:
-            self.console.print(f"[yellow]warning:[/] {e}; translating it again", highlight=False)
-            return False
-        if len(found) != expected:
-            self.console.print(
-                f"[yellow]warning:[/] {path}: {len(found)} n-best lists for {expected} lines; "
-                "translating it again",
-                highlight=False,
-            )
-            return False
-        return True
+        return {k: info[k] for k in ("lines", "chunks", "engine", "precision", "beam", "nbest")}
 
     def teacher_export(self) -> Path:
-        from nmt.distill.compare import exported
+        from nmt.formats.export import exported
 
         return exported(self.opts.teacher, self.workdir / "export" / "teacher-ctranslate2", self.console)
 
     def select(self) -> dict:
-        nbest = []
         lines = read_lines(self.teacher_source())
-        chunks = math.ceil(len(lines) / self.opts.chunk_lines)
-        for k in range(chunks):
-            nbest += read_nbest(chunk_path(self.dir / "nbest", k))
-        if len(nbest) != len(lines):
-            raise DataError(f"{self.dir / 'nbest'}: {len(nbest)} n-best lists for {len(lines)} source lines")
+        nbest = read_chunks(self.dir / "nbest", len(lines), self.opts.chunk_lines)
         if self.opts.select == "chrf":
             refs = read_lines(self.source / "clean" / f"train.{self.tgt_lang}")
             chosen = select_chrf([n["hyps"] for n in nbest], refs)
@@ -487,7 +404,10 @@ class Run:
             "valid": text["valid"],
             "test": text["test"],
         }
-        stats = binarize(self.cfg.data, out, text_info, self.console)
+        # binarize groups the pairs by the recipe's training corpora; here they are one, the distilled text
+        distilled = dataclasses.replace(self.cfg.data.train[0], name="distilled", weight=1.0, tag=False)
+        data = dataclasses.replace(self.cfg.data, train=(distilled,))
+        stats = binarize(data, out, text_info, self.console)
         write_json(out / "stats.json", stats)
         self.console.print(
             f"data: {stats['train']['kept']:,} training pairs, {stats['valid']['lines']:,} validation pairs "
@@ -495,25 +415,6 @@ class Run:
             highlight=False,
         )
         return {"train_pairs": stats["train"]["kept"], "valid_pairs": stats["valid"]["lines"]}
-
-
-def read_jsonl(path: Path, fields: dict[str, type | tuple[type, ...]]) -> list[dict]:
-    """The JSON objects of a file of this run, one a line, each with `fields` of their types; anything
-    else (a file cut or edited outside) is one DataError naming the file and line."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise DataError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
-    out = []
-    for number, line in enumerate(text.splitlines(), 1):
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            obj = None
-        if not isinstance(obj, dict) or not all(isinstance(obj.get(k), t) for k, t in fields.items()):
-            raise DataError(f"{path} line {number}: damaged (not this run's JSON)")
-        out.append(obj)
-    return out
 
 
 def read_marker(path: Path) -> dict:
@@ -525,25 +426,6 @@ def read_marker(path: Path) -> dict:
     if not isinstance(obj, dict) or not is_number(obj.get("seconds")) or "info" not in obj:
         raise DataError(f"{path}: damaged; delete it to run that step again")
     return obj
-
-
-def is_number(x) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool)
-
-
-def read_nbest(path: Path) -> list[dict]:
-    """A teacher chunk: per line the hypotheses and their scores, as many of one as of the other."""
-    found = read_jsonl(path, {"hyps": list, "scores": list})
-    for number, n in enumerate(found, 1):
-        hyps, scores = n["hyps"], n["scores"]
-        texts = all(isinstance(h, str) for h in hyps)
-        if not hyps or len(hyps) != len(scores) or not texts or not all(is_number(x) for x in scores):
-            raise DataError(f"{path} line {number}: damaged (not this run's JSON)")
-    return found
-
-
-def chunk_path(folder: Path, k: int) -> Path:
-    return folder / f"{k:05d}.jsonl"
 
 
 def file_sha256(path: Path) -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from rich.console import Console
+
 from nmt.atomic import refuse_inputs
 from nmt.errors import NmtError
 from nmt.formats import FORMATS
@@ -37,3 +39,14 @@ def export(
     from nmt.formats.ctranslate2 import export_ctranslate2
 
     return export_ctranslate2(Path(model_path), Path(output), force=force)
+
+
+def exported(model: Path, folder: Path, console: Console) -> Path:
+    """`model` as a CTranslate2 folder (`nmt export`), exported again only when the model is newer."""
+    from nmt.formats.ctranslate2 import META_FILE
+
+    meta = folder / META_FILE
+    if meta.exists() and meta.stat().st_mtime >= Path(model).stat().st_mtime:
+        return folder
+    console.print(f"export: {model} -> {folder} (CTranslate2)", highlight=False)
+    return export(Path(model), folder, "ctranslate2", force=folder.exists())

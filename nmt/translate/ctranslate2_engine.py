@@ -3,7 +3,8 @@
 A sibling of nmt.translate.torch_engine under the same front end (nmt.translate.LineTranslator): subword
 ids in, n-best hypotheses out, nothing of lines or files; so both engines see the same batches. Decode options
 map to CTranslate2's own: min_len -> min_decoding_length, no_repeat_ngram_size, prefixes -> target_prefix,
-sampling -> sampling_topk / sampling_topp / sampling_temperature with a random seed set once.
+sampling -> sampling_topk / sampling_topp / sampling_temperature with a random seed set once (again per
+chunk by nmt.translate.chunks: `reseed`).
 
 How nmt.translate.search's conventions are obtained from CTranslate2's beam search:
 - Stopping: a sentence stops once K hypotheses have finished, as ours (rule (a)). CTranslate2 does so
@@ -96,20 +97,30 @@ class CT2Engine:
                 "(nmt shortlist)"
             )
         kind, _, index = device.partition(":")
+        self.options = dict(
+            device=kind,
+            device_index=int(index or 0),
+            compute_type=compute_type,
+            inter_threads=inter_threads,  # batches searched at once (nmt.translate.workers.BatchThreads)
+            intra_threads=threads or 0,  # 0: CTranslate2's default
+        )
+        self.model_dir = model_dir
         try:
-            self.engine = ct2.Translator(
-                str(model_dir),
-                device=kind,
-                device_index=int(index or 0),
-                compute_type=compute_type,
-                inter_threads=inter_threads,  # batches searched at once (nmt.translate.workers.BatchThreads)
-                intra_threads=threads or 0,  # 0: CTranslate2's default
-            )
+            self.engine = ct2.Translator(str(model_dir), **self.options)
         except (RuntimeError, ValueError) as e:
             raise NmtError(
                 f"{model_dir}: CTranslate2 cannot load it on {device} ({compute_type}): {e}"
             ) from None
         self.compute_type: str = self.engine.compute_type  # what "default" turned out to be
+
+    def reseed(self, seed: int) -> None:
+        """Sampling from here on draws from the stream of `seed` (nmt.translate.chunks: one per chunk).
+        CTranslate2 seeds each of its threads' generators once, from the global seed at the thread's
+        first draw, so setting the seed alone changes nothing on a translator that has sampled: the
+        translator is opened again, with new threads."""
+        import_ctranslate2().set_random_seed(seed)
+        del self.engine  # its threads and weights go before the new ones load
+        self.engine = import_ctranslate2().Translator(str(self.model_dir), **self.options)
 
     def limits(self, ids: list[list[int]], prefixes: list[list[int]] | None) -> list[int]:
         """Tokens each source may have before its EOS: nmt.translate.search's output_limits."""

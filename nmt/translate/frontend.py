@@ -108,7 +108,8 @@ class LineTranslator:
     hypotheses; it knows nothing of lines or files: `engine.search(ids, prefixes, nbest, constraints) ->
     list[list[Hypothesis]]`, the n best of each source (ids without EOS), best first, under a batch's
     terms where given (nmt.translate.constraints.Terms); `engine.decode`, the decode settings (held there
-    alone); and `engine.max_positions`.
+    alone); `engine.max_positions`; and `engine.reseed(seed)`, sampling's stream from here on (one per
+    chunk of nmt.translate.chunks).
 
     `terminology` (nmt.translate.terminology.Terminology): the glossary and avoid list every line obeys,
     and to which a server's requests add theirs; None where the engine cannot obey one. `workers`

@@ -77,6 +77,10 @@ class TorchEngine:
         if decode.sampling:  # one stream for the whole run: the same seed gives the same output
             self.generator = torch.Generator(self.device).manual_seed(decode.seed)
 
+    def reseed(self, seed: int) -> None:
+        """Sampling from here on draws from the stream of `seed` (nmt.translate.chunks: one per chunk)."""
+        self.generator = torch.Generator(self.device).manual_seed(seed)
+
     def search(
         self,
         ids: list[list[int]],

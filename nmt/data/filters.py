@@ -1,9 +1,11 @@
-"""What to drop from the teacher's output before the student learns from it.
+"""What to drop from a model's output before another model learns from it: a teacher's translations
+(`nmt distill`), a reverse model's synthetic sources (`nmt backtranslate`).
 
-A teacher's beam output has its own failure modes: an empty line, a translation far longer or shorter
-than its source (hallucination, or a sentence cut short), the same words looping, and a tail of
-sentences it got badly wrong. Each filter is a predicate on one pair; `filter_pairs` applies them in
-order and counts what each removed, then drops the worst `worst_percent` of what is left by score.
+Model output has its own failure modes: an empty line, a translation far longer or shorter than its
+source (hallucination, or a sentence cut short), the same words looping, and a tail of sentences it got
+badly wrong. Each filter is a predicate on one pair (`hyp` the side the model wrote); `filter_pairs`
+applies them in order and counts what each removed, then drops the worst `worst_percent` of what is
+left by score.
 """
 
 from __future__ import annotations
