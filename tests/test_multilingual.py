@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from rich.console import Console
 
 from nmt.config import config_from_dict, config_to_dict
 from nmt.data.binarized import ParallelData
@@ -273,3 +274,35 @@ def test_a_leading_tag_goes_into_every_sentence_of_its_line(trained, tmp_path):
     out = cli("translate", "-m", str(model), "--beam", "1", stdin=b">>fra<< a b c. d e f.\n")
     assert out.returncode == 0, out.stderr
     assert IS["fr"](out.stdout.decode().strip()) and ">>" not in out.stdout.decode()
+
+
+def test_a_multilingual_teacher_teaches_any_of_its_directions_and_no_other(trained, task):
+    from nmt.checkpoint import checkpoint_config
+    from nmt.distill.steps import DistillOptions, check_teacher
+
+    model, _ = trained
+    teacher = checkpoint_config(model)
+    opts = DistillOptions(teacher=model)
+    student = config_to_dict(make_config())
+    student["data"].update(src_lang="en", tgt_lang="fr")
+    check_teacher(config_from_dict(student), opts, teacher)  # en->fr: one of its three
+    student["data"].update(tgt_lang="it")
+    with pytest.raises(ConfigError, match="translates en->de, en->fr, en->cs"):
+        check_teacher(config_from_dict(student), opts, teacher)
+    with pytest.raises(ConfigError, match="one direction"):
+        check_teacher(task[2], opts, teacher)
+
+
+def test_the_teacher_translates_into_the_students_target(trained, tmp_path):
+    from nmt.config import DecodeOverrides, Engine, Precision
+    from nmt.translate.chunks import ChunkedRun, read_chunks, translate_chunks
+
+    model, _ = trained
+    run = ChunkedRun(
+        model, DecodeOverrides.given(beam=1), "cpu", Precision.FP32, Engine.TORCH,
+        label="teacher", name=str(model), command="nmt distill", target="cs",
+    )  # fmt: skip
+    lines = ["a b c", "d e f g", "h i"]
+    translate_chunks(lines, tmp_path / "nbest", 2, run, Console(quiet=True))
+    hyps = [n["hyps"][0] for n in read_chunks(tmp_path / "nbest", len(lines), 2)]
+    assert all(IS["cs"](h) for h in hyps), hyps

@@ -102,14 +102,20 @@ def student_config(cfg: Config, teacher: Path, teacher_config: dict | None = Non
 def check_teacher(cfg: Config, opts: DistillOptions, teacher: dict) -> None:
     """What would fail or mislead only after the teacher has translated the whole corpus, refused
     before: a teacher of the other direction, and a student `--init teacher` cannot start from."""
-    data = teacher["data"]
-    if (data["src_lang"], data["tgt_lang"]) != (cfg.data.src_lang, cfg.data.tgt_lang):
+    from nmt.config import config_from_dict
+
+    if cfg.data.multilingual:
+        raise ConfigError("nmt distill trains a student of one direction: give it a recipe of one pair")
+    data = config_from_dict(teacher, corpora=False).data
+    # a multilingual teacher teaches any of its directions (translating with its target's tag)
+    directions = data.directions if data.train else ((data.src_lang, data.tgt_lang),)
+    if (cfg.data.src_lang, cfg.data.tgt_lang) not in directions:
+        held = ", ".join(f"{s}->{t}" for s, t in directions)
         raise ConfigError(
-            f"--teacher {opts.teacher}: translates {data['src_lang']}->{data['tgt_lang']}, the student "
-            f"recipe {cfg.data.src_lang}->{cfg.data.tgt_lang}"
+            f"--teacher {opts.teacher}: translates {held}, the student recipe "
+            f"{cfg.data.src_lang}->{cfg.data.tgt_lang}"
         )
     if opts.init == "teacher":
-        from nmt.config import config_from_dict
         from nmt.distill.shrink import check_shapes
 
         check_shapes(config_from_dict(teacher).model, cfg.model)
@@ -302,7 +308,7 @@ class Run:
         overrides = DecodeOverrides.given(nbest=opts.nbest, beam=max(decode["beam"], opts.nbest))
         run = ChunkedRun(
             model, overrides, self.cfg.train.device, opts.teacher_precision, opts.teacher_engine,
-            label="teacher", name=str(opts.teacher), command="nmt distill",
+            label="teacher", name=str(opts.teacher), command="nmt distill", target=self.tgt_lang,
         )  # fmt: skip
         info = translate_chunks(
             read_lines(self.teacher_source()), self.dir / "nbest", opts.chunk_lines, run, self.console

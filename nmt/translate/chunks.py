@@ -36,6 +36,7 @@ class ChunkedRun:
     label: str
     name: str
     command: str
+    target: str | None = None  # the language to translate into, for a model of several (--target)
 
 
 def translate_chunks(
@@ -63,7 +64,7 @@ def _translate(lines, todo, chunks, folder, chunk_lines, run: ChunkedRun, plan, 
 
     built = build_translator(
         run.model, run.overrides, run.device, run.precision, run.engine, console, command=run.command,
-        workers=plan,
+        workers=plan, target=run.target,
     )  # fmt: skip
     decode = built.decode
     console.print(
