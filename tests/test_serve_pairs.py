@@ -258,3 +258,42 @@ def test_a_pair_claimed_twice_or_a_glossary_for_several_pairs_is_one_line(models
     result = cli("serve", "-m", models["xx-yy"], "-m", models["yy-xx"], "--glossary", glossary, "--port", "0")
     assert result.returncode == 2
     one_error_line(result.stderr, "--glossary", "xx to yy, yy to xx")
+
+
+def test_markup_is_placed_by_the_attention_of_the_tagged_source(many, models):
+    """HTML goes through the word aligner, which reads the source with the pair's tag as the model
+    translated it; the tag itself is aligned to no word of the text."""
+    from nmt.checkpoint import read_model
+    from nmt.translate.align import Aligner
+
+    status, body = many.request(
+        "/translate", {"q": "<p>a dog <b>runs</b> here</p>", "source": "en", "target": "fr", "format": "html"}
+    )
+    assert status == 200 and body["translatedText"].startswith("<p>"), body
+    (model, subword, _), _ = read_model(models["multi"], "cpu")
+    aligner = Aligner(model.eval(), subword)
+    source, translation = "a dog runs here", "un chien court ici"
+    for tag in (None, ">>fra<<", ">>ces<<"):  # each word a subword of its own: alignments to trust
+        links = aligner.align(source, translation, tag=tag)
+        assert links is not None and len(links) == 4, (tag, links)
+        assert all(i is None or 0 <= i < 4 for i in links), (tag, links)
+
+
+def test_checkpoints_and_ctranslate2_folders_in_one_server(models, tmp_path, one_torch_thread):
+    """--engine ctranslate2 decodes the exported folder; the checkpoint beside it runs on torch."""
+    pytest.importorskip("ctranslate2", reason="needs CTranslate2 (the dev extra)")
+    from nmt.translate import build_translator
+
+    folder = tmp_path / "yy-xx-ct2"
+    result = cli("export", "-m", models["yy-xx"], "--format", "ctranslate2", "-o", folder)
+    assert result.returncode == 0, result.stderr
+    s = Server(models["xx-yy"], "-m", str(folder), "--engine", "ctranslate2", "--dtype", "fp32")
+    try:
+        lines = sentences(4, 9)
+        assert ask(s, lines, "xx", "yy") == (200, {"translatedText": library(models["xx-yy"], lines)})
+        ct2 = build_translator(folder, device="cpu", dtype="fp32", engine="ctranslate2", command="nmt serve")
+        assert ask(s, lines, "yy", "xx") == (200, {"translatedText": ct2.translator.translate(lines)})
+    finally:
+        s.proc.kill()
+    served = [line for line in s.log if line.startswith("serving")]
+    assert len(served) == 2 and "CTranslate2" not in served[0] and "CTranslate2" in served[1], served
