@@ -297,3 +297,34 @@ def test_checkpoints_and_ctranslate2_folders_in_one_server(models, tmp_path, one
         s.proc.kill()
     served = [line for line in s.log if line.startswith("serving")]
     assert len(served) == 2 and "CTranslate2" not in served[0] and "CTranslate2" in served[1], served
+
+
+def test_the_page_translates_into_the_pair_chosen_in_a_real_browser(many, models, tmp_path, one_torch_thread):
+    from .test_serve import Browser, chromium_binary
+
+    binary = chromium_binary()
+    if binary is None:
+        pytest.skip("no chromium binary: apt-get install chromium (.ci/run installs it)")
+    pytest.importorskip("websockets", reason="drives the browser: pip install websockets (the dev extra)")
+    browser = Browser(binary, tmp_path / "profile")
+    try:
+        browser.call("Page.navigate", url=many.url + "/")
+        browser.wait_for("document.readyState === 'complete' && !!document.getElementById('pair')")
+        assert not browser.evaluate("document.getElementById('pair').closest('p').hidden")
+        browser.evaluate(
+            "const s = document.getElementById('pair'); s.selectedIndex = 2;"
+            "s.dispatchEvent(new Event('change'))"
+        )
+        assert browser.evaluate("document.querySelector('h1').textContent") == "Translate English to Czech"
+        assert browser.evaluate("document.getElementById('tgtname').textContent") == "Czech (cs)"
+        assert '"target":"cs"' in browser.evaluate("document.getElementById('curl').textContent")
+        q = sentences(1, 13)[0]
+        body = browser.call(
+            "Runtime.evaluate",
+            expression=f"request({json.dumps(q)}, 0)",
+            awaitPromise=True,
+            returnByValue=True,
+        )["result"]["value"]
+        assert body["translatedText"] == library(models["multi"], [q], "cs")[0]
+    finally:
+        browser.close()
