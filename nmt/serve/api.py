@@ -216,7 +216,7 @@ class Service:
 
     def fields(self, body, need_target: bool = True) -> tuple[list[str], bool, str, str | None]:
         """LibreTranslate's q, source and target, validated: the texts, whether q was one string, the
-        source ("auto" or a served one) and the target, by the codes the server names them with. A pair
+        source ("auto" or a served one) and the target, by the codes /languages lists. A pair
         nobody serves is the client's error, naming those that are served. The target may be left out
         where every pair has the same one; with `need_target` False (detection) it need not be known."""
         if not isinstance(body, dict):
@@ -246,7 +246,7 @@ class Service:
             into = self.pairs.sources_into(target)
             if not into:
                 raise self.pairs.unserved(source, target)
-            return texts, single, source, self.pairs.find(into[0], target).target
+            return texts, single, source, target
         pair = self.pairs.find(source, target)
         if pair is None:
             raise self.pairs.unserved(source, target)

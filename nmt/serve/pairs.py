@@ -5,8 +5,9 @@
 batches), and answers every pair of every model: a bilingual model its one pair, a model of several
 targets (a target tag on the source side, nmt.languages) each of its sources into each of its targets.
 A pair names one model; two models that claim the same pair are refused at start, since a request
-could not say which it means. Codes compare as languages (`fr` is `fra`), and are answered by the codes
-the models name them with (nmt.translate.BuiltTranslator.sources and .targets).
+could not say which it means (`fr` and `fra` are one language there). Requests name languages by the
+codes /languages lists, the models' own (nmt.translate.BuiltTranslator.sources and .targets), as
+LibreTranslate's clients do: a server of one pair answers exactly as it always has.
 """
 
 from __future__ import annotations
@@ -86,7 +87,8 @@ class Pairs:
                 for t in model.targets:
                     if same(s, t):
                         continue
-                    if (other := self.find(s, t)) is not None:
+                    other = next((p for p in self.all if same(p.source, s) and same(p.target, t)), None)
+                    if other is not None:
                         raise NmtError(
                             f"-m {model.name}: {s} to {t} is served by {other.model.name} already; "
                             "give each pair one model"
@@ -104,7 +106,7 @@ class Pairs:
         return self.all[0]
 
     def find(self, source: str, target: str) -> Pair | None:
-        return next((p for p in self.all if same(p.source, source) and same(p.target, target)), None)
+        return next((p for p in self.all if (p.source, p.target) == (source, target)), None)
 
     @property
     def sources(self) -> list[str]:
@@ -116,7 +118,7 @@ class Pairs:
 
     def sources_into(self, target: str) -> list[str]:
         """The sources the server translates into `target`: what source "auto" chooses among."""
-        return [p.source for p in self.all if same(p.target, target)]
+        return [p.source for p in self.all if p.target == target]
 
     def named(self) -> str:
         return ", ".join(map(str, self.all))
