@@ -417,31 +417,35 @@ def serve(
 
     settings.check()
     paths = [Path(model_paths)] if isinstance(model_paths, str | Path) else [Path(p) for p in model_paths]
-    if len(set(map(Path.resolve, paths))) < len(paths):
-        raise NmtError("-m: a model is given twice; each is loaded once and serves all its pairs")
+    twice = next((p for k, p in enumerate(paths) if p.resolve() in map(Path.resolve, paths[:k])), None)
+    if twice is not None:
+        raise NmtError(f"-m {twice}: given twice; each model is loaded once and serves all its pairs")
     from nmt.translate.terminology import server_terminology
 
     engine = Engine.parse(engine, "--engine")
     metrics = Metrics(ROUTES)
     models, built = [], []
-    for k, path in enumerate(paths):
-        # A checkpoint file among several models runs on torch: only folders are CTranslate2's.
-        mixed = engine is Engine.CTRANSLATE2 and len(paths) > 1 and path.is_file()
-        # The checkpoint is read once; the server's translator prints no warnings: answers say what was cut.
-        b = build_translator_for(path, overrides, device, dtype, Engine.TORCH if mixed else engine, glossary)
-        built.append(b)
-        batcher = Batcher(b.translator, settings, metrics, console, name=f"nmt-batcher-{k}")
-        name = str(path).replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]  # no server path shown
-        terms = server_terminology(b.translator)
-        models.append(Model(name, batcher, b.sources, b.targets, aligner(b.translator), terms))
     try:
+        for k, path in enumerate(paths):
+            # A checkpoint file among several models runs on torch: only folders are CTranslate2's.
+            mixed = engine is Engine.CTRANSLATE2 and len(paths) > 1 and path.is_file()
+            # Each checkpoint is read once; the server's translator prints no warnings: answers say what
+            # was cut.
+            b = build_translator_for(
+                path, overrides, device, dtype, Engine.TORCH if mixed else engine, glossary
+            )
+            built.append(b)
+            batcher = Batcher(b.translator, settings, metrics, console, name=f"nmt-batcher-{k}")
+            name = str(path).replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]  # no server path shown
+            terms = server_terminology(b.translator)
+            models.append(Model(name, batcher, b.sources, b.targets, aligner(b.translator), terms))
         pairs = Pairs(models)
         if glossary is not None and len(pairs) > 1:
             raise NmtError(
                 f"--glossary: a glossary holds one pair's terms; this server answers {pairs.named()}"
             )
         sock = listen(host, port)
-    except NmtError:
+    except BaseException:  # a model that does not load, or pairs that clash: no worker outlives it
         for m in models:
             m.batcher.close(1.0)
         raise
