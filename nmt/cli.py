@@ -628,11 +628,13 @@ def translate(
 @app.command(cls=Command)
 def serve(
     model: Annotated[
-        Path,
+        list[Path],
         typer.Option(
             "--model",
             "-m",
-            help="Checkpoint from nmt train or nmt average (--engine ctranslate2: a folder from nmt export).",
+            help="Checkpoint from nmt train or nmt average (--engine ctranslate2: a folder from nmt export). "
+            "Repeat it to serve every pair of several models, each by a worker of its own; with "
+            "--engine ctranslate2, a checkpoint file among folders runs on torch.",
         ),
     ],
     host: Annotated[
@@ -688,8 +690,11 @@ def serve(
     engine: EngineOpt = Engine.TORCH,
     shortlist: ShortlistOpt = None,
 ) -> None:
-    """Serve a model over HTTP: LibreTranslate's /translate, /detect and /languages, OpenNMT-py's route,
-    a page to try the model at /, and Prometheus metrics at /metrics.
+    """Serve models over HTTP: LibreTranslate's /translate, /detect and /languages, OpenNMT-py's route,
+    a page to try them at /, and Prometheus metrics at /metrics.
+
+    Every pair of every model is answered: a model of several targets (>>fra<<) each of them, a
+    request's "target" choosing; /languages lists each source with its targets.
 
     Concurrent requests are batched together, large ones in turns with small ones; SIGTERM answers the
     requests in flight, then exits. Needs the serve extra: pip install 'nmt\\[serve]'.
@@ -697,6 +702,8 @@ def serve(
     [bold]Examples[/]
     nmt serve -m runs/multi30k-en-de/checkpoints/average.pt
     nmt serve --engine ctranslate2 -m ct2-en-de --dtype int8
+    nmt serve -m en-de.pt -m de-en.pt
+    nmt serve -m runs/multi30k-en-de-fr-cs/checkpoints/average.pt
     curl -s localhost:5000/translate -H 'Content-Type: application/json' \\
       -d '{"q": "A dog runs.", "source": "en", "target": "de"}'
     curl -s localhost:5000/translate -H 'Content-Type: application/json' \\

@@ -9,7 +9,7 @@ The HTTP layer is uvicorn (timeouts, connection limit, graceful shutdown) under 
 request is validated completely and encoded into subwords in its handler, so nothing malformed reaches the
 model. The model is built as `nmt translate` builds it (nmt.translate.build_translator, either engine),
 and a request's lines are encoded by the same front end (nmt.translate.frontend: cleaning and cuts
-included). One worker thread owns the model (models are not thread-safe): requests are cut into pieces
+included). One worker thread owns each model (models are not thread-safe): requests are cut into pieces
 that fit the batch budget (`--max-batch-tokens`, costed as `nmt translate` costs its batches), and each
 batch takes the next piece of every waiting request in turn, so a one-line request waits about one batch
 however large the others are. A batch that fails is retried piece by piece, so only the faulty request
@@ -22,9 +22,14 @@ validating a request raises is the client's (400), in one place (nmt.serve.http'
 or SIGINT: stop accepting, close idle connections, answer the requests in flight, answer 503 to what the
 model cannot finish in time, stop the worker between batches and exit 0 within `shutdown_timeout`.
 
-Modules: settings (the limits), api (the request formats, validated and encoded), batcher (the model
-worker), http (uvicorn, the routes' errors, shutdown; `serve`), documents and markup (texts, HTML
-fragments and their tags), kept (translate="no" spans), detect (source "auto"), metrics, page.
+One server answers every pair of the models it is given (`-m` repeated), and every target of a model of
+several (a request's "target" picks its tag): each model has a worker of its own, so a long request to
+one pair never holds a request to another model's.
+
+Modules: settings (the limits), api (the request formats, validated and encoded), pairs (which model
+answers which pair), batcher (the model worker), http (uvicorn, the routes' errors, shutdown; `serve`),
+documents and markup (texts, HTML fragments and their tags), kept (translate="no" spans), detect (source
+"auto"), metrics, page.
 """
 
 from nmt.serve.batcher import Batcher

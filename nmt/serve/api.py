@@ -10,17 +10,19 @@ shutting down) stops at the next piece instead of running on."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import time
 from dataclasses import dataclass
 
 from nmt.errors import NmtError
-from nmt.serve.batcher import Batcher, QueueFull
+from nmt.languages import same
+from nmt.serve.batcher import QueueFull
 from nmt.serve.detect import Detector
-from nmt.serve.documents import aligner, document, readable
+from nmt.serve.documents import document, readable
+from nmt.serve.pairs import Pair, Pairs, language_name
 from nmt.serve.settings import HTTPError, ServeSettings, accept
-from nmt.translate.frontend import rows_per_sentence
 
-LANGUAGE_NAMES = {"en": "English", "de": "German", "fr": "French", "es": "Spanish", "it": "Italian"}
 JSON_TYPES = ("application/json", "text/json", "")  # LibreTranslate's clients often send no type at all
 FORM_TYPE = "application/x-www-form-urlencoded"  # what LibreTranslate's Python client sends
 MULTIPART_TYPE = "multipart/form-data"  # what LibreTranslate's own web page sends (a FormData)
@@ -86,19 +88,17 @@ class Text:
 
 
 class Service:
-    """What the routes do, apart from HTTP: validate, encode, queue, assemble."""
+    """What the routes do, apart from HTTP: validate, route to a pair's model, encode, queue, assemble."""
 
-    def __init__(self, batcher: Batcher, src: str, tgt: str, settings: ServeSettings, model: str):
-        self.batcher, self.src, self.tgt = batcher, src, tgt
+    def __init__(self, pairs: Pairs, settings: ServeSettings):
+        self.pairs = pairs
         self.settings = settings
-        self.model_name = model.replace("\\", "/").rsplit("/", 1)[-1]  # the file name: no server path shown
-        self.detector = Detector(src)
-        self.aligner = aligner(batcher.translator)
-        from nmt.translate.terminology import server_terminology
-
-        # glossaries: the server's own (--glossary), and a request's added to it; None: the engine takes none
-        self.terminology = server_terminology(batcher.translator)
+        self.detector = Detector(pairs.sources)
         self.running: set[Deadline] = set()  # the requests with work in a thread
+
+    @property
+    def model_name(self) -> str:
+        return ", ".join(m.name for m in self.pairs.models)
 
     def deadline(self) -> Deadline:
         return Deadline(self.settings.timeout)
@@ -131,20 +131,12 @@ class Service:
         for deadline in list(self.running):
             deadline.stop("the server is shutting down")
 
-    @property
-    def decode(self):
-        return self.batcher.decode
-
-    @property
-    def max_alternatives(self) -> int:
-        """The beam's other hypotheses; none when sampling (a request's nbest is then its draws)."""
-        return rows_per_sentence(self.decode, 1) - 1
-
-    def encode(self, texts: list[Text]) -> tuple[dict[int, list[int]], int, list[list[int]]]:
+    def encode(self, texts: list[Text], pair: Pair) -> tuple[dict[int, list[int]], int, list[list[int]]]:
         """Subword ids of every non-blank line, the line count, and each text's truncated line numbers:
-        the front end's encoding (nmt.translate.LineTranslator.encode), nmt translate's line contract."""
+        the front end's encoding (nmt.translate.LineTranslator.encode), nmt translate's line contract;
+        after the pair's target tag where the model has several targets."""
         lines = [line for t in texts for line in t.lines]
-        encoded = self.batcher.translator.encode(lines)
+        encoded = pair.model.translator.encode(lines, target=pair.tag)
         truncated, start = [], 0
         for t in texts:
             cut = encoded.truncated
@@ -152,44 +144,55 @@ class Service:
             start += len(t.lines)
         return encoded.sources, len(lines), truncated
 
-    def constraints(self, texts: list[Text], sources: dict[int, list[int]], glossary) -> dict | None:
+    def constraints(
+        self, texts: list[Text], sources: dict[int, list[int]], glossary, pair: Pair
+    ) -> dict | None:
         """The terms of each line that has any: the server's glossary and the request's (`glossary`, a list
         of {"source", "target"}); an entry that cannot be obeyed is a 422."""
-        if self.terminology is None:
+        terminology = pair.model.terminology
+        if terminology is None:
             if glossary is not None:
                 raise HTTPError(422, '"glossary": this server takes none (it needs --engine torch)')
             return None
-        if glossary is None and not self.terminology.active:
+        if glossary is None and not terminology.active:
             return None
         from nmt.translate.terminology import glossary_of
 
         lines = [line for t in texts for line in t.lines]
         try:
             extra = glossary_of(glossary) if glossary is not None else None
-            return self.terminology.apply({i: lines[i] for i in sources}, extra)
+            return terminology.apply({i: lines[i] for i in sources}, extra)
         except NmtError as e:
             raise HTTPError(422, str(e)) from None
 
-    def prepare(self, texts: list[Text], glossary) -> tuple[dict, int, list[list[int]], dict | None]:
+    def prepare(
+        self, texts: list[Text], glossary, pair: Pair
+    ) -> tuple[dict, int, list[list[int]], dict | None]:
         """Encode, and find each line's terms: in the request's thread."""
-        sources, count, truncated = self.encode(texts)
-        return sources, count, truncated, self.constraints(texts, sources, glossary)
+        sources, count, truncated = self.encode(texts, pair)
+        return sources, count, truncated, self.constraints(texts, sources, glossary, pair)
 
     async def translate(
-        self, texts: list[Text], nbest: int, glossary=None, deadline: Deadline | None = None
+        self,
+        texts: list[Text],
+        nbest: int,
+        glossary=None,
+        deadline: Deadline | None = None,
+        pair: Pair | None = None,
     ) -> tuple[list[list], list[list[int]]]:
-        """For each text, its lines' n-best lists of (translation, score); and its truncated line numbers.
-        `glossary`: the request's own terms, if any."""
+        """For each text, its lines' n-best lists of (translation, score) by `pair`'s model (None: the
+        server's first pair); and its truncated line numbers. `glossary`: the request's own terms, if any."""
         deadline = deadline or self.deadline()
+        pair = pair or self.pairs.default
         size = sum(len(line) for t in texts for line in t.lines)
         if size > self.settings.max_chars:
             raise HTTPError(
                 413, f"{size} characters of text; this server takes at most {self.settings.max_chars}"
             )
-        sources, count, truncated, terms = await self.off_loop(deadline, self.prepare, texts, glossary)
+        sources, count, truncated, terms = await self.off_loop(deadline, self.prepare, texts, glossary, pair)
         accept()  # read, validated and encoded: what goes wrong from here on is the server's
         try:
-            job = self.batcher.submit(sources, count, nbest, deadline.at, constraints=terms)
+            job = pair.model.batcher.submit(sources, count, nbest, deadline.at, constraints=terms)
         except QueueFull as e:
             raise HTTPError(503, f"busy: {e}; try again shortly", {"Retry-After": "1"}) from None
         try:
@@ -211,8 +214,11 @@ class Service:
             start += len(t.lines)
         return out, truncated
 
-    def fields(self, body) -> tuple[list[str], bool, str]:
-        """LibreTranslate's q, source and target, validated."""
+    def fields(self, body, need_target: bool = True) -> tuple[list[str], bool, str, str | None]:
+        """LibreTranslate's q, source and target, validated: the texts, whether q was one string, the
+        source ("auto" or a served one) and the target, by the codes /languages lists. A pair
+        nobody serves is the client's error, naming those that are served. The target may be left out
+        where every pair has the same one; with `need_target` False (detection) it need not be known."""
         if not isinstance(body, dict):
             raise HTTPError(400, 'expected a JSON object: {"q": "text", "source": "en", "target": "de"}')
         q = body.get("q")
@@ -227,19 +233,27 @@ class Service:
             raise HTTPError(422, f'"q" must be a string or a list of strings, got {type(q).__name__}')
         if not any(t.strip() for t in texts):
             raise HTTPError(422, '"q" is empty: nothing to translate')
+        targets = self.pairs.targets
         source = body.get("source", "auto")
-        target = body.get("target", self.tgt)
+        target = body["target"] if "target" in body else targets[0] if len(targets) == 1 else None
+        if "target" not in body and target is None:
+            if need_target:
+                raise HTTPError(422, f'missing "target": this server translates into {", ".join(targets)}')
+            return texts, single, source, None
         for name, value in (("source", source), ("target", target)):
             check_text(value, f'"{name}"')
-        if source not in (self.src, "auto") or target != self.tgt:
-            raise HTTPError(
-                422,
-                f"this server translates {self.src} to {self.tgt}, not {source} to {target} (see /languages)",
-            )
-        return texts, single, source
+        if source == "auto":
+            into = self.pairs.sources_into(target)
+            if not into:
+                raise self.pairs.unserved(source, target)
+            return texts, single, source, target
+        pair = self.pairs.find(source, target)
+        if pair is None:
+            raise self.pairs.unserved(source, target)
+        return texts, single, pair.source, pair.target
 
     async def libretranslate(self, body) -> dict:
-        texts, single, source = self.fields(body)
+        texts, single, source, target = self.fields(body)
         fmt = body.get("format", "text")
         if fmt not in ("text", "html"):
             raise HTTPError(422, f'"format" must be "text" or "html", not {fmt!r}')
@@ -249,17 +263,19 @@ class Service:
         if not isinstance(alternatives, int) or isinstance(alternatives, bool) or alternatives < 0:
             raise HTTPError(422, f'"alternatives" must be a whole number 0 or more, got {alternatives!r}')
         # "api_key" and any other field LibreTranslate's clients send are accepted and ignored.
-        alternatives = min(alternatives, self.max_alternatives)
         split = body.get("split_sentences", True)  # nmt's own field: false sends each line whole
         if not isinstance(split, bool):
             raise HTTPError(422, f'"split_sentences" must be true or false, got {split!r}')
         deadline = self.deadline()
-        detections, items = await self.off_loop(deadline, self.documents, texts, fmt, split, source, deadline)
+        detections, items, pair = await self.off_loop(
+            deadline, self.documents, texts, fmt, split, source, target, deadline
+        )
+        alternatives = min(alternatives, pair.model.max_alternatives)
         nbest = 1 + alternatives
-        results, truncated = await self.translate(items, nbest, body.get("glossary"), deadline)
+        results, truncated = await self.translate(items, nbest, body.get("glossary"), deadline, pair)
         answers = [[nth(r, k) for k in range(nbest)] for r in results]
         # the markup placed by the model's attention (a forward pass per sentence), sentences joined
-        joined = await self.off_loop(deadline, self.join_all, items, answers, deadline)
+        joined = await self.off_loop(deadline, self.join_all, items, answers, deadline, pair)
         answer: dict = {"translatedText": joined[0][0] if single else [j[0] for j in joined]}
         if detections is not None:
             detected = [d.answer() for d in detections]
@@ -271,14 +287,24 @@ class Service:
             answer["truncated"] = truncated[0] if single else truncated
         return answer
 
-    def documents(self, texts: list[str], fmt: str, split: bool, source: str, deadline: Deadline):
-        """Each text's detected language (source "auto"; else None) and its sentences: in a thread."""
+    def documents(
+        self, texts: list[str], fmt: str, split: bool, source: str, target: str, deadline: Deadline
+    ):
+        """Each text's detected language (source "auto"; else None), its sentences, and the pair that
+        translates them: in a thread."""
         detections = None
         if source == "auto":
             detections = []
             for t in texts:
                 deadline.check()
-                detections.append(self.detected(readable(t, fmt, deadline.check)))
+                detections.append(self.detected(readable(t, fmt, deadline.check), target))
+            found = list(dict.fromkeys(d.language for d in detections))
+            if len(found) > 1:  # one request goes to one model
+                raise HTTPError(
+                    400, f"the texts are in {' and '.join(found)}: send each language in a request of its own"
+                )
+            source = found[0]
+        pair = self.pairs.find(source, target)
         items, size = [], 0
 
         def limit(chars: int) -> None:  # a lower bound of the text's size, known before it is split
@@ -292,35 +318,46 @@ class Service:
 
         for t in texts:
             deadline.check()
-            items.append(document(t, fmt, self.src, split, deadline.check, limit))
-        return detections, items
+            items.append(document(t, fmt, pair.source, split, deadline.check, limit))
+        return detections, items, pair
 
-    def join_all(self, items, answers: list[list[list[str]]], deadline: Deadline) -> list[list[str]]:
+    def join_all(
+        self, items, answers: list[list[list[str]]], deadline: Deadline, pair: Pair
+    ) -> list[list[str]]:
         """Each text's translation and alternatives put together (markup placed, sentences joined)."""
-        align = self.aligner.align if self.aligner is not None else None
+        aligner = pair.model.aligner
+        align = functools.partial(aligner.align, tag=pair.tag) if aligner is not None else None
         out = []
         for item, ans in zip(items, answers, strict=True):
             deadline.check()
             out.append([item.join(a, align) for a in ans])
         return out
 
-    def detected(self, text: str):
-        """The language of a text sent with source "auto"; 400 when it is surely not the model's."""
-        d = self.detector.detect(text)
-        if d.sure and d.language != self.src:
+    def detected(self, text: str, target: str):
+        """The language of a text sent with source "auto", among the sources translated into `target`;
+        400 when it is surely none of them."""
+        among = self.pairs.sources_into(target)
+        d = self.detector.detect(text, among)
+        served = next((s for s in among if same(s, d.language)), None)
+        if served is None:
+            if len(self.pairs) == 1:
+                pair = f"{self.pairs.default.source} to {self.pairs.default.target}"
+            else:
+                pair = f"into {target} from {', '.join(among)} only"
             raise HTTPError(
                 400,
-                f"the text is in {d.language} ({d.confidence:.1f}% sure), "
-                f"but this server translates {self.src} to {self.tgt}",
+                f"the text is in {d.language} ({d.confidence:.1f}% sure), but this server translates {pair}",
             )
-        return d
+        return dataclasses.replace(d, language=served)
 
     async def detect(self, body) -> list:
-        texts, _, _ = self.fields({**body, "source": "auto"} if isinstance(body, dict) else body)
+        texts, _, _, _ = self.fields({**body, "source": "auto"} if isinstance(body, dict) else body, False)
         d = await self.off_loop(self.deadline(), self.detector.detect, "\n".join(texts))
         return [{"confidence": round(d.confidence, 1), "language": d.detected}]
 
     async def opennmt(self, body) -> list:
+        """OpenNMT-py's format names no language: the server's first pair (a line's own leading target
+        tag, >>fra<<, chooses another target of a model of several)."""
         if not (isinstance(body, list) and body and all(isinstance(x, dict) for x in body)):
             raise HTTPError(400, 'expected a non-empty JSON list of {"src": "text", "id": N}')
         texts = [Text(split_lines(check_text(x.get("src"), f'[{i}]["src"]'))) for i, x in enumerate(body)]
@@ -338,16 +375,11 @@ class Service:
         ]
 
     def languages(self) -> list:
-        def name(code: str) -> str:
-            return LANGUAGE_NAMES.get(code, code)
-
-        return [
-            {"code": self.src, "name": name(self.src), "targets": [self.tgt]},
-            {"code": self.tgt, "name": name(self.tgt), "targets": []},
-        ]
+        return self.pairs.languages()
 
     def frontend_settings(self) -> dict:
-        """What LibreTranslate's web UI reads before it starts."""
+        """What LibreTranslate's web UI reads before it starts: the first pair is its default."""
+        first = self.pairs.default
         return {
             "charLimit": self.settings.max_chars,
             "frontendTimeout": 500,
@@ -357,22 +389,31 @@ class Service:
             "filesTranslation": False,
             "supportedFilesFormat": [],
             "language": {
-                "source": {"code": self.src, "name": LANGUAGE_NAMES.get(self.src, self.src)},
-                "target": {"code": self.tgt, "name": LANGUAGE_NAMES.get(self.tgt, self.tgt)},
+                "source": {"code": first.source, "name": language_name(first.source)},
+                "target": {"code": first.target, "name": language_name(first.target)},
             },
         }
 
     def health(self) -> dict:
-        return {"status": "ok", "model": self.model_name, "source": self.src, "target": self.tgt}
+        first = self.pairs.default
+        out = {"status": "ok", "model": self.model_name, "source": first.source, "target": first.target}
+        if len(self.pairs) > 1:
+            out["pairs"] = [f"{p.source}-{p.target}" for p in self.pairs.all]
+        return out
 
     def settings_shown(self) -> dict:
-        d = self.decode
-        return {
+        """What the page shows: the first model's decode settings, and every pair where there are several."""
+        first = self.pairs.default
+        d = first.model.batcher.decode
+        shown = {
             "model": self.model_name,
-            "source": self.src,
-            "target": self.tgt,
+            "source": first.source,
+            "target": first.target,
             "beam": d.beam,
             "lenpen": d.lenpen,
             "max_chars": self.settings.max_chars,
-            "max_alternatives": self.max_alternatives,
+            "max_alternatives": max(m.max_alternatives for m in self.pairs.models),
         }
+        if len(self.pairs) > 1:
+            shown["pairs"] = self.pairs.named()
+        return shown

@@ -5,7 +5,8 @@ by nmt.translate.frontend.batch_cost as `nmt translate` costs its batches: by th
 take, so a batch of tiny lines is no longer than one of long ones), and each batch takes the next
 piece of every waiting request in turn, so a one-line request waits about one batch however large the
 others are. A batch that fails is retried piece by piece, so only the faulty
-request fails; the worker never dies.
+request fails; the worker never dies. A server of several models has a worker for each (nmt.serve.pairs):
+a model's batches never wait on another's, so fairness holds within a model and isolation across them.
 """
 
 from __future__ import annotations
@@ -60,7 +61,14 @@ def settle(job: Job, metrics: Metrics) -> None:
 class Batcher:
     """The one thread that runs the model: fair batches from the waiting requests, failures isolated."""
 
-    def __init__(self, translator, settings: ServeSettings, metrics: Metrics, console: Console):
+    def __init__(
+        self,
+        translator,
+        settings: ServeSettings,
+        metrics: Metrics,
+        console: Console,
+        name: str = "nmt-batcher",
+    ):
         self.translator, self.settings, self.metrics, self.console = translator, settings, metrics, console
         self.wait = settings.batch_wait_ms / 1000
         self.cond = threading.Condition()
@@ -68,7 +76,7 @@ class Batcher:
         self.queued = 0  # lines waiting, over all jobs
         self.closing = False
         self.active: list[Job] = []  # the jobs of the batch being translated
-        self.thread = threading.Thread(target=self.run, name="nmt-batcher", daemon=True)
+        self.thread = threading.Thread(target=self.run, name=name, daemon=True)
         self.thread.start()
 
     @property
@@ -118,7 +126,7 @@ class Batcher:
             self.jobs.append(job)
             self.metrics.tokens.inc(sum(map(len, sources.values())))
             self.queued += job.queued
-            self.metrics.set_queue(self.queued)
+            self.metrics.set_queue(self.queued, self)
             self.cond.notify()
         return job
 
@@ -196,7 +204,7 @@ class Batcher:
         left = sum(len(p) for p in job.pieces)
         job.pieces.clear()
         self.queued -= left
-        self.metrics.set_queue(self.queued)
+        self.metrics.set_queue(self.queued, self)
         try:
             job.future.set_exception(error)
         except InvalidStateError:  # answered or given up on already
@@ -218,7 +226,7 @@ class Batcher:
         self.metrics.observe_batch(lines, time.monotonic() - start)
         with self.cond:
             self.queued -= lines
-            self.metrics.set_queue(self.queued)
+            self.metrics.set_queue(self.queued, self)
 
     def translate(self, batch: list[tuple[Job, list[int]]]) -> None:
         pairs = [(job, i) for job, piece in batch for i in piece if not job.done()]

@@ -4,8 +4,8 @@ py3langid (langid.py's naive Bayes over byte n-grams, 97 languages, a 4.5 MB num
 of 900 of 900 Multi30k test sentences (300 each of EN, DE, FR) at 0.08 ms a sentence after a 0.9 s load;
 lingua-language-detector also named 900 but weighs 96 MB installed, loads its models in 12 s and takes 3 ms
 a sentence. A text is taken as confidently in a language when the normalised probability is at least
-CONFIDENT and it has at least MIN_LETTERS letters; anything shorter or less sure is taken as the model's
-source language, with the detector's own confidence reported.
+CONFIDENT and it has at least MIN_LETTERS letters; anything shorter or less sure is taken as the served
+source language (of several, the one the detector finds likeliest), with the detector's own confidence.
 
 The detector's probability is calibrated for a sentence (its softmax is tempered by the square root of the
 length), so over a whole long text it falls: German "Ein Hund läuft im Park " x n scored 93% at 69
@@ -20,8 +20,11 @@ at any length with 91%; the cost is at most WINDOWS classifications of WINDOW ch
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
+
+from nmt.languages import iso3, short
 
 CONFIDENT = 0.90  # a probability over 97 languages: Multi30k sentences score 0.95-1.00 in their language
 MIN_LETTERS = 12  # "a b c", "Hello": too little text for any detector to be trusted
@@ -67,8 +70,9 @@ class Detection:
 class Detector:
     """One identifier, loaded on first use (0.9 s), shared by the handlers (classification is read-only)."""
 
-    def __init__(self, source: str):
-        self.source = source
+    def __init__(self, sources: str | Sequence[str]):
+        # the served sources: a text too short or unclear to detect is taken as the likeliest of them
+        self.sources = (sources,) if isinstance(sources, str) else tuple(sources)
         self.lock = threading.Lock()
 
     @cached_property
@@ -78,8 +82,10 @@ class Detector:
         with self.lock:
             return langid.LanguageIdentifier.from_model_file(langid.MODEL_FILE, norm_probs=True)
 
-    def detect(self, text: str) -> Detection:
-        """The language of `text` (plain text: markup already taken out), from a bounded sample of it."""
+    def detect(self, text: str, among: Sequence[str] = ()) -> Detection:
+        """The language of `text` (plain text: markup already taken out), from a bounded sample of it.
+        Unsure, it is taken as the source (of `among`, else of the served ones) the detector finds
+        likeliest; the first of them where it finds none likely."""
         windows = sample(text)
         total: dict[str, float] = {}
         for window in windows:
@@ -91,4 +97,6 @@ class Detector:
         sure = probability >= CONFIDENT and letters >= MIN_LETTERS
         if sure:
             return Detection(language, 100 * probability, language, True)
-        return Detection(self.source, 100 * probability, language, False)
+        among = tuple(among) or self.sources
+        likeliest = max(among, key=lambda s: total.get(short(iso3(s)), 0.0))  # the first of equals
+        return Detection(likeliest, 100 * probability, language, False)

@@ -9,6 +9,7 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import parse_qs
 
@@ -18,8 +19,10 @@ from nmt.config import DecodeOverrides, Engine, Precision
 from nmt.errors import NmtError
 from nmt.serve.api import FORM_TYPE, JSON_TYPES, MULTIPART_TYPE, Service
 from nmt.serve.batcher import Batcher
+from nmt.serve.documents import aligner
 from nmt.serve.metrics import Metrics
 from nmt.serve.page import page_html
+from nmt.serve.pairs import Model, Pairs
 from nmt.serve.settings import ACCEPTED, HTTPError, ServeSettings
 
 ROUTES = ("/", "/translate", "/detect", "/languages", "/frontend/settings", "/health", "/metrics")
@@ -231,7 +234,8 @@ def build_app(service: Service, settings: ServeSettings, metrics: Metrics, conso
         return endpoint
 
     async def page(request):
-        return HTMLResponse(page_html(service.settings_shown()))
+        pairs = [(p.source, p.target) for p in service.pairs.all]
+        return HTMLResponse(page_html(service.settings_shown(), pairs))
 
     async def prometheus(request):
         body, content_type = metrics.render()
@@ -384,7 +388,7 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def serve(
-    model_path: Path,
+    model_paths: Path | str | Sequence[Path | str],
     host: str,
     port: int,
     settings: ServeSettings,
@@ -395,11 +399,14 @@ def serve(
     engine: Engine | str = Engine.TORCH,
     glossary: Path | None = None,
 ) -> None:
-    """Load the model, serve until SIGTERM/SIGINT, then answer the requests in flight and return.
-    `glossary`: a TSV file of terms every request obeys (nmt.translate.terminology).
+    """Load the models, serve until SIGTERM/SIGINT, then answer the requests in flight and return.
+    `glossary`: a TSV file of terms every request obeys (nmt.translate.terminology); one pair's terms, so
+    for a server of one pair.
 
-    The model is built as `nmt translate` builds it (nmt.translate.build_translator), on either engine;
-    the batch budget (--max-tokens) is among `overrides`, as decode.batch_tokens.
+    Each model is built as `nmt translate` builds it (nmt.translate.build_translator), on either engine:
+    with several, `--engine ctranslate2` decodes the folders by CTranslate2 and a checkpoint file beside
+    them by torch. The batch budget (--max-tokens) is among `overrides`, as decode.batch_tokens. Every pair
+    of every model is answered (nmt.serve.pairs), each model by a worker of its own.
     """
     try:
         import prometheus_client  # noqa: F401
@@ -407,17 +414,42 @@ def serve(
         import uvicorn
     except ImportError as e:
         raise NmtError(f"nmt serve needs its extra ({e}): pip install 'nmt[serve]'") from None
-    from nmt.translate import build_translator
 
     settings.check()
-    # The checkpoint is read once; the server's translator prints no warnings: answers say what was cut.
-    built = build_translator(
-        model_path, overrides, device, dtype, engine, None, "nmt serve", glossary=glossary
-    )
-    sock = listen(host, port)
+    paths = [Path(model_paths)] if isinstance(model_paths, str | Path) else [Path(p) for p in model_paths]
+    twice = next((p for k, p in enumerate(paths) if p.resolve() in map(Path.resolve, paths[:k])), None)
+    if twice is not None:
+        raise NmtError(f"-m {twice}: given twice; each model is loaded once and serves all its pairs")
+    from nmt.translate.terminology import server_terminology
+
+    engine = Engine.parse(engine, "--engine")
     metrics = Metrics(ROUTES)
-    batcher = Batcher(built.translator, settings, metrics, console)
-    service = Service(batcher, built.src_lang, built.tgt_lang, settings, str(model_path))
+    models, built = [], []
+    try:
+        for k, path in enumerate(paths):
+            # A checkpoint file among several models runs on torch: only folders are CTranslate2's.
+            mixed = engine is Engine.CTRANSLATE2 and len(paths) > 1 and path.is_file()
+            # Each checkpoint is read once; the server's translator prints no warnings: answers say what
+            # was cut.
+            b = build_translator_for(
+                path, overrides, device, dtype, Engine.TORCH if mixed else engine, glossary
+            )
+            built.append(b)
+            batcher = Batcher(b.translator, settings, metrics, console, name=f"nmt-batcher-{k}")
+            name = str(path).replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]  # no server path shown
+            terms = server_terminology(b.translator)
+            models.append(Model(name, batcher, b.sources, b.targets, aligner(b.translator), terms))
+        pairs = Pairs(models)
+        if glossary is not None and len(pairs) > 1:
+            raise NmtError(
+                f"--glossary: a glossary holds one pair's terms; this server answers {pairs.named()}"
+            )
+        sock = listen(host, port)
+    except BaseException:  # a model that does not load, or pairs that clash: no worker outlives it
+        for m in models:
+            m.batcher.close(1.0)
+        raise
+    service = Service(pairs, settings)
     _ = service.detector.identifier  # loaded now (about a second), not in the first request's deadline
     app = build_app(service, settings, metrics, console)
     config = uvicorn.Config(
@@ -433,33 +465,50 @@ def serve(
         server_header=False,
     )
 
-    def stop_work() -> None:  # the model worker, and the requests being prepared in threads: 503 now
-        batcher.stop()
+    def stop_work() -> None:  # the model workers, and the requests being prepared in threads: 503 now
+        for m in models:
+            m.batcher.stop()
         service.stop()
 
     server = server_class()(config, console, stop_work, settings.shutdown_timeout)
-    decode = built.decode
-    console.print(
-        f"serving {model_path} ({service.src} -> {service.tgt}) on http://{host}:{sock.getsockname()[1]} "
-        f"{built.describe()}, beam {decode.beam}, batches of up to {decode.batch_tokens} subwords x beam "
-        f"within {settings.batch_wait_ms:g} ms",
-        highlight=False,
-        soft_wrap=True,
-    )
+    address = f"http://{host}:{sock.getsockname()[1]}"
+    for k, (path, b, m) in enumerate(zip(paths, built, models, strict=True)):
+        decode = b.decode
+        languages = f"{', '.join(m.sources)} -> {', '.join(m.targets)}"
+        # one line for one model, as it always was; several: a line each, the address on the first
+        where = f"on {address} " if k == 0 else "and "
+        console.print(
+            f"serving {path} ({languages}) {where}"
+            f"{b.describe()}, beam {decode.beam}, batches of up to {decode.batch_tokens} subwords x beam "
+            f"within {settings.batch_wait_ms:g} ms",
+            highlight=False,
+            soft_wrap=True,
+        )
     try:
         asyncio.run(server.serve(sockets=[sock]))
     finally:
         sock.close()
+        for m in models:
+            m.batcher.stop()
         left = settings.shutdown_timeout
         if server.signalled is not None:
             left -= time.monotonic() - server.signalled
-        stopped = batcher.close(timeout=max(0.1, left))
+        end = time.monotonic() + max(0.1, left)
+        stopped = all([m.batcher.close(timeout=max(0.1, end - time.monotonic())) for m in models])
     if not stopped:
         # A batch longer than the shutdown time: the interpreter must not tear down under a thread that
         # is inside a torch (or CTranslate2) operation (std::terminate, SIGABRT). Every request has its
         # answer; leave without the teardown.
-        console.print("stopped (the model worker was still in a batch)", highlight=False)
+        which = "the model worker" if len(models) == 1 else "a model worker"
+        console.print(f"stopped ({which} was still in a batch)", highlight=False)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
     console.print("stopped", highlight=False)
+
+
+def build_translator_for(path: Path, overrides, device, dtype, engine: Engine, glossary: Path | None):
+    """One model of the server, built as nmt translate builds it."""
+    from nmt.translate import build_translator
+
+    return build_translator(path, overrides, device, dtype, engine, None, "nmt serve", glossary=glossary)

@@ -10,6 +10,8 @@ not the library's global one, so several servers in one process (tests) do not c
 
 from __future__ import annotations
 
+import threading
+
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"})
@@ -31,6 +33,8 @@ class Metrics:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
         self.routes = frozenset(routes)
+        self.lock = threading.Lock()
+        self.queued: dict[object, int] = {}  # lines waiting, by worker
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, memory, open fds
         r = self.registry
@@ -68,8 +72,12 @@ class Metrics:
         self.requests.labels(method_label(method), route, status_label(status)).inc()
         self.latency.labels(route).observe(seconds)
 
-    def set_queue(self, lines: int) -> None:
-        self.queue.set(lines)
+    def set_queue(self, lines: int, worker: object = None) -> None:
+        """The lines waiting for `worker` (a server of several models has a worker each): the gauge is
+        their sum."""
+        with self.lock:
+            self.queued[worker] = lines
+            self.queue.set(sum(self.queued.values()))
 
     def observe_batch(self, lines: int, seconds: float) -> None:
         self.batches.observe(lines)

@@ -1,10 +1,12 @@
-"""The page at `/` to try the model: no external assets, so it works offline."""
+"""The page at `/` to try the model: no external assets, so it works offline. A server of several pairs
+offers them in a list; the first is chosen at first."""
 
 from __future__ import annotations
 
 import html
+import json
 
-from nmt.serve.api import LANGUAGE_NAMES
+from nmt.serve.pairs import language_name
 
 PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
@@ -28,13 +30,15 @@ dl { display: grid; grid-template-columns: max-content auto; gap: .2em 1em; colo
 dd { margin: 0; }
 </style></head>
 <body>
-<h1>Translate __PAIRNAMES__</h1>
+<h1 id="title">Translate __PAIRNAMES__</h1>
+<p __ONEPAIR__><label>Pair: <select id="pair">__OPTIONS__</select></label></p>
 <div class="panes">
-<label class="pane"><span>__SRC__</span>
+<label class="pane"><span id="srcname">__SRC__</span>
 <textarea id="source" maxlength="__MAX__" autofocus placeholder="Type text to translate"></textarea>
 <span class="bar"><span id="count">0 / __MAX__</span>
 <button id="clear" type="button">Clear</button></span></label>
-<div class="pane"><span>__TGT__</span><output id="result" for="source" aria-live="polite"></output>
+<div class="pane"><span id="tgtname">__TGT__</span>
+<output id="result" for="source" aria-live="polite"></output>
 <span class="bar"><span></span><button id="copy" type="button">Copy</button></span>
 <ul id="alternatives" aria-label="alternatives"></ul></div>
 </div>
@@ -48,11 +52,13 @@ dd { margin: 0; }
 const $ = (id) => document.getElementById(id);
 const source = $("source"), result = $("result"), status = $("status"), alts = $("alternatives");
 const limit = __MAX__, wanted = __ALTS__;
+const pairs = __PAIRS__;  // [source code, target code, source name, target name]
+let pair = pairs[0];
 let timer = null, sent = 0;
 function counted() { $("count").textContent = source.value.length + " / " + limit; }
 async function request(q, n) {
   const r = await fetch("translate", {method: "POST", headers: {"Content-Type": "application/json"},
-    body: JSON.stringify({q: q, source: "__SRCCODE__", target: "__TGTCODE__", format: "text",
+    body: JSON.stringify({q: q, source: pair[0], target: pair[1], format: "text",
                           alternatives: n})});
   const body = await r.json();
   if (!r.ok) throw new Error(body.error || r.status);
@@ -89,6 +95,18 @@ source.addEventListener("input", () => {
 });
 source.addEventListener("keydown", (e) => { if (e.key === "Enter" && e.ctrlKey) translate(); });
 $("go").addEventListener("click", translate);
+function example() {
+  const body = {q: "Hello world.", source: pair[0], target: pair[1]};
+  $("curl").textContent = "curl -s " + new URL("translate", location.href).href +
+    " -H 'Content-Type: application/json' -d '" + JSON.stringify(body) + "'";
+}
+$("pair").addEventListener("change", () => {
+  pair = pairs[$("pair").selectedIndex];
+  $("title").textContent = "Translate " + pair[2] + " to " + pair[3];
+  $("srcname").textContent = pair[2] + " (" + pair[0] + ")";
+  $("tgtname").textContent = pair[3] + " (" + pair[1] + ")";
+  example(); translate();
+});
 $("clear").addEventListener("click", () => {
   source.value = ""; result.textContent = ""; status.textContent = ""; showAlternatives([]); counted();
   source.focus();
@@ -112,14 +130,12 @@ $("file").addEventListener("change", async () => {
     const link = $("download");
     if (link.href) URL.revokeObjectURL(link.href);
     link.href = URL.createObjectURL(new Blob([body.translatedText], {type: "text/plain;charset=utf-8"}));
-    link.download = file.name.replace(/(\\.txt)?$/, ".__TGTCODE__.txt");
+    link.download = file.name.replace(/(\\.txt)?$/, "." + pair[1] + ".txt");
     link.hidden = false; link.textContent = "Download " + link.download;
     status.textContent = "";
   } catch (e) { status.className = "error"; status.textContent = "error: " + e.message; }
 });
-const example = {q: "Hello world.", source: "__SRCCODE__", target: "__TGTCODE__"};
-$("curl").textContent = "curl -s " + new URL("translate", location.href).href +
-  " -H 'Content-Type: application/json' -d '" + JSON.stringify(example) + "'";
+example();
 const given = new URLSearchParams(location.search).get("q");
 if (given) { source.value = given; translate(); }
 counted();
@@ -128,23 +144,30 @@ counted();
 """
 
 
-def page_html(shown: dict) -> str:
-    """The page at /: everything inline, so it works with no network beyond this server."""
+def page_html(shown: dict, pairs: list[tuple[str, str]] | None = None) -> str:
+    """The page at /: everything inline, so it works with no network beyond this server. `pairs`: every
+    (source, target) the server answers, offered in a list where there are several; default the shown one."""
     esc = html.escape
-
-    def name(code: str) -> str:
-        return LANGUAGE_NAMES.get(code, code)
+    pairs = pairs or [(shown["source"], shown["target"])]
 
     def lang(code: str) -> str:
-        return f"{name(code)} ({code})"
+        return f"{language_name(code)} ({code})"
 
     settings = "".join(f"<dt>{esc(k.replace('_', ' '))}</dt><dd>{esc(str(v))}</dd>" for k, v in shown.items())
+    options = "".join(f"<option>{esc(f'{lang(s)} to {lang(t)}')}</option>" for s, t in pairs)
+    # JSON inside <script>: "<" escaped, so no code can close the element
+    listed = json.dumps([[s, t, language_name(s), language_name(t)] for s, t in pairs]).replace(
+        "<", "\\u003c"
+    )
     return (
-        PAGE.replace("__PAIRNAMES__", esc(f"{name(shown['source'])} to {name(shown['target'])}"))
+        PAGE.replace(
+            "__PAIRNAMES__", esc(f"{language_name(shown['source'])} to {language_name(shown['target'])}")
+        )
         .replace("__PAIR__", esc(f"{shown['source']} to {shown['target']}"))
+        .replace("__ONEPAIR__", "hidden" if len(pairs) == 1 else "")
+        .replace("__OPTIONS__", options)
+        .replace("__PAIRS__", listed)
         .replace("__ALTS__", str(min(2, int(shown.get("max_alternatives", 0)))))
-        .replace("__SRCCODE__", esc(shown["source"]))
-        .replace("__TGTCODE__", esc(shown["target"]))
         .replace("__SRC__", esc(lang(shown["source"])))
         .replace("__TGT__", esc(lang(shown["target"])))
         .replace("__MAX__", str(shown["max_chars"]))

@@ -69,16 +69,24 @@ class Aligner:
     def pieces(self, ids: list[int]) -> list[str]:
         return [self.vocabulary[i] if 0 <= i < len(self.vocabulary) else "" for i in ids]
 
-    def align(self, source: str, translation: str) -> list[int | None] | None:
+    def align(self, source: str, translation: str, tag: str | None = None) -> list[int | None] | None:
         """For each whitespace word of `translation`, the index of the whitespace word of `source` it is
-        aligned to (None: none); None when the subwords do not match the words (no alignment to trust)."""
+        aligned to (None: none); None when the subwords do not match the words (no alignment to trust).
+        `tag`: the target tag the source was translated with (a model of several targets), read by the
+        encoder as in translation and aligned to no word."""
         src_words, tgt_words = source.split(), translation.split()
         if not src_words or not tgt_words:
             return None
-        src = self.subword.encode([source])[0][: self.model.max_positions - 1]
+        src = self.subword.encode([source], tag=tag)[0][: self.model.max_positions - 1]
         tgt = self.subword.encode_target([translation])[0][: self.model.max_positions - 1]
-        src_word, tgt_word = word_starts(self.pieces(src)), word_starts(self.pieces(tgt))
-        if not src or not tgt or src_word[-1] + 1 != len(src_words) or tgt_word[-1] + 1 != len(tgt_words):
+        lead = 1 if src and src[0] in self.subword.tags.values() else 0  # the tag, before the first word
+        src_word, tgt_word = word_starts(self.pieces(src[lead:])), word_starts(self.pieces(tgt))
+        if (
+            not src[lead:]
+            or not tgt
+            or src_word[-1] + 1 != len(src_words)
+            or tgt_word[-1] + 1 != len(tgt_words)
+        ):
             return None
         was_training = self.model.training
         self.model.eval()
@@ -86,7 +94,7 @@ class Aligner:
             attention = cross_attention(self.model, src, tgt, self.layer)  # (T, S+1)
         finally:
             self.model.train(was_training)
-        best = attention[:, : len(src)].argmax(-1).tolist()  # the source EOS column left out
+        best = attention[:, lead : len(src)].argmax(-1).tolist()  # the tag and the source EOS left out
         out: list[int | None] = [None] * len(tgt_words)
         for j, i in enumerate(best):
             if out[tgt_word[j]] is None:
