@@ -21,12 +21,14 @@ that form.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from functools import lru_cache
 
 import pysbd
 from pysbd.lang.common.common import Common
 from pysbd.languages import LANGUAGE_CODES
+
+from nmt.languages import leading_tag
 
 PIECE = 1000  # characters a single pysbd call sees at most
 
@@ -109,10 +111,17 @@ def piece_spans(text: str, language: str) -> list[tuple[int, int]]:
 
 
 def split_sentences(
-    text: str, language: str, check: Callable[[], None] | None = None
+    text: str, language: str, check: Callable[[], None] | None = None, tags: Collection[str] = ()
 ) -> tuple[list[str], list[str]]:
     """The sentences of `text` and the len+1 stretches around them (leading, between, trailing spacing),
-    so that join_sentences(gaps, sentences) == text."""
+    so that join_sentences(gaps, sentences) == text. A text that starts with one of `tags` (a
+    multilingual model's target tags, `>>fra<< One. Two.`) has the tag before each of its sentences
+    instead, so that all go into its language; the translations, which never hold a tag, are joined
+    without it."""
+    lead, rest = leading_tag(text) if tags else (None, text)
+    if lead is not None and lead in tags:
+        sentences, gaps = split_sentences(rest, language, check)
+        return [f"{lead} {s}" for s in sentences], gaps
     spans = sentence_spans(text, language, check)
     gaps, at = [], 0
     for start, end in spans:

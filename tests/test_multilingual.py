@@ -306,3 +306,14 @@ def test_the_teacher_translates_into_the_students_target(trained, tmp_path):
     translate_chunks(lines, tmp_path / "nbest", 2, run, Console(quiet=True))
     hyps = [n["hyps"][0] for n in read_chunks(tmp_path / "nbest", len(lines), 2)]
     assert all(IS["cs"](h) for h in hyps), hyps
+
+
+def test_the_server_splits_a_tagged_text_with_the_tag_in_every_sentence():
+    from nmt.serve.documents import document
+
+    tags = {">>fra<<": 5}
+    doc = document(">>fra<< A man rides. A dog runs.", "text", "en", True, tags=tags)
+    assert doc.lines == [">>fra<< A man rides.", ">>fra<< A dog runs."]
+    assert doc.join(["Un homme.", "Un chien."]) == "Un homme. Un chien."
+    untagged = document(">>fra<< A man rides. A dog runs.", "text", "en", True)  # a model without tags
+    assert untagged.lines[0].startswith(">>fra<<") and not untagged.lines[1].startswith(">>fra<<")

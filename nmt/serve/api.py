@@ -318,7 +318,8 @@ class Service:
 
         for t in texts:
             deadline.check()
-            items.append(document(t, fmt, pair.source, split, deadline.check, limit))
+            tags = pair.model.translator.subword.tags
+            items.append(document(t, fmt, pair.source, split, deadline.check, limit, tags))
         return detections, items, pair
 
     def join_all(

@@ -4,7 +4,7 @@ the translations are put back together. `check` is a request's deadline, called 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from nmt.sentences import join_sentences, split_sentences
 from nmt.serve.markup import Document, spacing, visible_text
@@ -22,6 +22,7 @@ class PlainText:
         split: bool,
         check: Callable[[], None] | None = None,
         limit: Callable[[int], None] | None = None,
+        tags: Collection[str] = (),
     ):
         self.pieces: list[tuple[list[str], list[str]]] = []  # per line: (sentences, spacing around them)
         if limit is not None:  # every character but spacing reaches the model
@@ -29,7 +30,7 @@ class PlainText:
         for line in text.split("\n"):
             line = line.removesuffix("\r")
             if split:
-                self.pieces.append(split_sentences(line, language, check))
+                self.pieces.append(split_sentences(line, language, check, tags))
             else:
                 self.pieces.append(([line], ["", ""]))
         self.lines = [s for sentences, _ in self.pieces for s in sentences]
@@ -68,11 +69,14 @@ def document(
     split: bool,
     check: Callable[[], None] | None = None,
     limit: Callable[[int], None] | None = None,
+    tags: Collection[str] = (),
 ) -> PlainText | HtmlText:
     """A text's sentences. `check`: called between steps (a deadline); `limit`: called with the characters
-    other than spacing to translate, before the costly step (sentence splitting), to refuse too many."""
-    kind = HtmlText if fmt == "html" else PlainText
-    return kind(text, language, split, check, limit)
+    other than spacing to translate, before the costly step (sentence splitting), to refuse too many;
+    `tags`: the model's target tags, a line's leading one going into each of its sentences."""
+    if fmt == "html":
+        return HtmlText(text, language, split, check, limit)
+    return PlainText(text, language, split, check, limit, tags)
 
 
 def readable(text: str, fmt: str, check: Callable[[], None] | None = None) -> str:

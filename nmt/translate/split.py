@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 
-from nmt.languages import leading_tag
 from nmt.sentences import join_sentences, split_sentences
 
 # A sentence end: terminal punctuation (closing quotes and brackets after it allowed), then space and a
@@ -47,14 +46,8 @@ class SentenceTranslator:
         self.translator, self.language = translator, language
 
     def split(self, line: str) -> tuple[list[str], list[str]]:
-        """The line's sentences and the spacing between them (split_sentences); a leading target tag
-        (`>>fra<< One. Two.`, nmt.languages) goes before each sentence, so all go into its language."""
-        tags = self.translator.subword.tags
-        lead, rest = leading_tag(line) if tags else (None, line)
-        if lead is None or lead not in tags:
-            return split_sentences(line, self.language)
-        sentences, gaps = split_sentences(rest, self.language)
-        return [f"{lead} {s}" for s in sentences], gaps
+        """The line's sentences and the spacing between them; a leading target tag goes before each."""
+        return split_sentences(line, self.language, tags=self.translator.subword.tags)
 
     @property
     def max_chars(self) -> int:
