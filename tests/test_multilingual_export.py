@@ -148,6 +148,7 @@ def multi(request, tmp_path_factory) -> Multi:
     folder = workdir / "hf"
     result = cli("export", "-m", model, "--format", "huggingface", "-o", folder)
     assert result.returncode == 0, result.stderr
+    assert "each line starts with its tag" in result.stderr.decode()  # the export says what it needs
     return Multi(norm, model, folder, lines, greedy)
 
 

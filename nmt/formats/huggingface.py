@@ -147,6 +147,11 @@ def export_huggingface(
                 "config": config_to_dict(ckpt.config),
             },
         )
+    if note is not None and tags:
+        note(
+            f"{output} translates into {', '.join(tags)}: each line starts with its tag, e.g. "
+            f"'{tags[0]} A sentence.' (`nmt translate --target` adds it)"
+        )
     if note is not None and ckpt.shortlist is not None:
         note(
             f"{model_path} carries a lexical shortlist, which {output} does not: transformers decodes over "
