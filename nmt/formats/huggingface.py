@@ -59,7 +59,7 @@ from nmt.config import Config, DecodeConfig, ModelConfig, config_from_dict, conf
 from nmt.errors import CheckpointError, NmtError
 from nmt.formats import META_FILE, validate
 from nmt.formats.model_card import model_card
-from nmt.languages import tag_language
+from nmt.languages import short, tag_language
 from nmt.model import sinusoidal_positions
 from nmt.subword import Subword
 from nmt.tokens import BOS, EOS, PAD, UNK
@@ -149,8 +149,9 @@ def export_huggingface(
         )
     if note is not None and tags:
         note(
-            f"{output} translates into {', '.join(tags)}: each line starts with its tag, e.g. "
-            f"'{tags[0]} A sentence.' (`nmt translate --target` adds it)"
+            f"{output} translates into {', '.join(short(tag_language(t) or t) for t in tags)}: each line "
+            f"starts with its tag ({', '.join(tags)}), e.g. '{tags[0]} A sentence.' (`nmt translate "
+            "--target` adds it)"
         )
     if note is not None and ckpt.shortlist is not None:
         note(
