@@ -15,7 +15,7 @@ from pathlib import Path
 import nmt
 
 LAYERS = [
-    ["nmt", "nmt.errors", "nmt.tokens", "nmt.progress"],  # nothing of nmt
+    ["nmt", "nmt.errors", "nmt.tokens", "nmt.progress", "nmt.languages"],  # nothing of nmt
     ["nmt.atomic", "nmt.config"],
     ["nmt.output", "nmt.device"],
     ["nmt.subword", "nmt.score", "nmt.plot", "nmt.sentences"],
