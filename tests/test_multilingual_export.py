@@ -284,3 +284,44 @@ def test_import_of_the_folder_keeps_its_targets(multi: Multi, tmp_path):
     result = translate(back, source, "--target", "cs")
     assert result.returncode == 2
     one_error_line(result.stderr, "--target cs", "fr, de")
+
+
+hypothesis = pytest.importorskip(
+    "hypothesis", reason="hypothesis is a dev dependency: pip install -e '.[dev]'"
+)
+st = hypothesis.strategies
+
+
+@hypothesis.given(
+    text=st.text(alphabet=st.sampled_from(LETTERS + "xyz AÉé.,!?-'<>0123"), max_size=40),
+    spaces=st.sampled_from(["", " ", "  "]),
+)
+def test_a_tagged_line_of_any_text_has_nmt_ids(multi: Multi, text: str, spaces: str):
+    """Whatever the text after the tag (typed `>`, `<`, spaces, letters the vocabulary lacks), the
+    exported tokenizer gives the ids nmt translates."""
+    from nmt.tokens import EOS
+
+    hypothesis.assume(not any(tag in text for tag in TAGS))  # mid-line: text to nmt, a tag to transformers
+    tokenizer, vocab, subword = exported_tokenizer(multi)
+    pieces = subword.pieces()
+    ids = subword.encode([f"{spaces}>>fra<< {text}"])[0] + [EOS]
+    assert tokenizer(f"{spaces}>>fra<< {text}").input_ids == [vocab[pieces[i]] for i in ids]
+
+
+_tokenizers: dict[Path, tuple] = {}
+
+
+def exported_tokenizer(multi: Multi) -> tuple:
+    """(the folder's tokenizer, its vocab.json, nmt's subword model), loaded once per folder."""
+    if multi.folder not in _tokenizers:
+        from transformers import AutoTokenizer
+
+        from nmt.checkpoint import load_model
+
+        vocab = json.loads((multi.folder / "vocab.json").read_text())
+        _tokenizers[multi.folder] = (
+            AutoTokenizer.from_pretrained(multi.folder),
+            vocab,
+            load_model(multi.model)[1],
+        )
+    return _tokenizers[multi.folder]
