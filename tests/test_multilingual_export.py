@@ -325,3 +325,12 @@ def exported_tokenizer(multi: Multi) -> tuple:
             load_model(multi.model)[1],
         )
     return _tokenizers[multi.folder]
+
+
+def test_model_index_names_each_direction_of_the_results():
+    from nmt.formats.model_card import model_index
+
+    score = {"bleu": {"score": 30.0}, "chrf": {"score": 55.0}}
+    tests = {"test_2016_flickr en-fr": score | {"direction": "en-fr"}, "test_2016_flickr": score}
+    entries = model_index("run", "en", "de", {"tests": tests})[0]["results"]
+    assert [e["task"]["name"] for e in entries] == ["Translation en-fr", "Translation en-de"]
