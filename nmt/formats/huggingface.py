@@ -178,8 +178,10 @@ def tokenizer_config(cfg: Config, names: list[str], tags: list[str]) -> dict:
     A model of several targets has its tags in vocab.json, as OPUS-MT's multi-target models do, which
     MarianTokenizer lists as its `supported_language_codes` and reads whole at a line's start (`>>fra<<
     text` is [>>fra<<] + the text's pieces + [</s>]: nmt's ids). They are its additional special tokens
-    too, so that no tokenizer splits one into pieces (a Pegasus folder's readers may not know
-    MarianTokenizer's rule), and decoding with skip_special_tokens never writes one.
+    too, in both layouts (a Pegasus folder has MarianTokenizer as well): that rule wants the tag at the
+    very first character and splits `  >>fra<< text` into pieces, where nmt reads the tag after spaces
+    too; and decoding with skip_special_tokens never writes one. The price: transformers also reads a
+    tag typed mid-line, which nmt reads as text.
     """
     config = {
         "tokenizer_class": "MarianTokenizer",
