@@ -87,15 +87,16 @@ def load_data(cfg: Config, workdir: Path) -> TrainData:
 def train_groups(data_dir: Path, pairs: int) -> tuple[Group, ...]:
     """The corpus groups of data/stats.json, checked against the split they describe; () where a work
     directory predates them or was written by hand (one run of every pair, as it was trained)."""
-    if not (data_dir / "stats.json").is_file():
+    path = data_dir / "stats.json"
+    if not path.is_file():
         return ()
     try:
-        stats = json.loads((data_dir / "stats.json").read_text(encoding="utf-8"))
+        stats = json.loads(path.read_text(encoding="utf-8"))
         groups = tuple(
             Group(str(g["corpus"]), int(g["pairs"]), float(g["weight"])) for g in stats.get("groups", ())
         )
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise DataError(f"{data_dir / 'stats.json'}: unreadable ({e}); run nmt preprocess --force") from None
+        raise DataError(f"{path}: unreadable ({e}); run nmt preprocess --force") from None
     if groups and sum(g.pairs for g in groups) != pairs:
         raise DataError(f"{data_dir / 'stats.json'}: its corpora hold other than the split's {pairs} pairs")
     return groups

@@ -96,6 +96,9 @@ def write_meta(path: Path, ckpt: Checkpoint, source: Path) -> None:
         "max_positions": ckpt.config.model.max_positions,
         "decode": dataclasses.asdict(ckpt.config.decode),
     }
+    data = ckpt.config.data
+    if data.multilingual:  # the languages it reads (its targets are the tags of spm.model)
+        meta["sources"] = list(dict.fromkeys(s for s, _ in data.directions))
     path.write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
 
 
@@ -110,6 +113,9 @@ def read_meta(model_dir: Path) -> dict:
         ) from None
     if meta.get("format") != META_FORMAT:
         raise NmtError(f"{path}: not written by `nmt export --format ctranslate2`")
+    sources = meta.get("sources", [])
+    if not isinstance(sources, list) or not all(isinstance(s, str) and s.strip() for s in sources):
+        raise NmtError(f"{path}: sources: expected a list of language codes, got {sources!r}"[:200])
     return meta
 
 

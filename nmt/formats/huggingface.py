@@ -55,10 +55,11 @@ from torch import Tensor
 
 from nmt.atomic import atomic_folder, check_replaceable, refuse_inputs
 from nmt.checkpoint import load_checkpoint, save_checkpoint
-from nmt.config import DecodeConfig, ModelConfig, config_from_dict, config_to_dict
+from nmt.config import Config, DecodeConfig, ModelConfig, config_from_dict, config_to_dict
 from nmt.errors import CheckpointError, NmtError
 from nmt.formats import META_FILE, validate
 from nmt.formats.model_card import model_card
+from nmt.languages import short, tag_language
 from nmt.model import sinusoidal_positions
 from nmt.subword import Subword
 from nmt.tokens import BOS, EOS, PAD, UNK
@@ -123,7 +124,8 @@ def export_huggingface(
 
     order = marian_order(ckpt.vocab_size)
     names = marian_pieces(pieces, order, model_path)
-    card = model_card(ckpt.config, Path(model_path), license)
+    tags = target_tags(subword)
+    card = model_card(ckpt.config, Path(model_path), license, tags)
     with atomic_folder(output) as folder:
         folder.mkdir()
         save_safetensors(folder / "model.safetensors", hf_weights(ckpt.model_state, m, order))
@@ -134,19 +136,7 @@ def export_huggingface(
         write_json(folder / "vocab.json", {piece: i for i, piece in enumerate(names)})
         (folder / "source.spm").write_bytes(subword.source_proto)
         (folder / "target.spm").write_bytes(subword.target_proto)
-        write_json(
-            folder / "tokenizer_config.json",
-            {
-                "tokenizer_class": "MarianTokenizer",
-                "source_lang": ckpt.config.data.src_lang,
-                "target_lang": ckpt.config.data.tgt_lang,
-                "unk_token": names[1],
-                "eos_token": names[0],
-                "pad_token": names[-1],
-                "model_max_length": m.max_positions,
-                "separate_vocabs": False,
-            },
-        )
+        write_json(folder / "tokenizer_config.json", tokenizer_config(ckpt.config, names, tags))
         (folder / "README.md").write_text(card, encoding="utf-8")
         write_json(
             folder / META_FILE,
@@ -156,6 +146,12 @@ def export_huggingface(
                 "source": Path(model_path).name,  # no path of the machine that made it
                 "config": config_to_dict(ckpt.config),
             },
+        )
+    if note is not None and tags:
+        note(
+            f"{output} translates into {', '.join(short(tag_language(t) or t) for t in tags)}: each line "
+            f"starts with its tag ({', '.join(tags)}), e.g. '{tags[0]} A sentence.' (`nmt translate "
+            "--target` adds it)"
         )
     if note is not None and ckpt.shortlist is not None:
         note(
@@ -169,6 +165,37 @@ def export_huggingface(
             "(Marian's convention); `nmt export --format ctranslate2` is exact"
         )
     return output
+
+
+def target_tags(subword: Subword) -> list[str]:
+    """The target tags of a model of several targets (`>>fra<<`, ...), in id order; [] for one target."""
+    return [tag for tag in subword.tags if tag_language(tag) is not None]
+
+
+def tokenizer_config(cfg: Config, names: list[str], tags: list[str]) -> dict:
+    """tokenizer_config.json: MarianTokenizer over the exported vocabulary `names` (marian_order).
+
+    A model of several targets has its tags in vocab.json, as OPUS-MT's multi-target models do, which
+    MarianTokenizer lists as its `supported_language_codes` and reads whole at a line's start (`>>fra<<
+    text` is [>>fra<<] + the text's pieces + [</s>]: nmt's ids). They are its additional special tokens
+    too, in both layouts (a Pegasus folder has MarianTokenizer as well): that rule wants the tag at the
+    very first character and splits `  >>fra<< text` into pieces, where nmt reads the tag after spaces
+    too; and decoding with skip_special_tokens never writes one. The price: transformers also reads a
+    tag typed mid-line, which nmt reads as text.
+    """
+    config = {
+        "tokenizer_class": "MarianTokenizer",
+        "source_lang": cfg.data.src_lang,
+        "target_lang": cfg.data.tgt_lang,
+        "unk_token": names[1],
+        "eos_token": names[0],
+        "pad_token": names[-1],
+        "model_max_length": cfg.model.max_positions,
+        "separate_vocabs": False,
+    }
+    if tags:
+        config["additional_special_tokens"] = list(tags)
+    return config
 
 
 def marian_order(vocab_size: int) -> list[int]:

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
 
 from nmt.config import Config, config_to_dict
 from nmt.errors import NmtError
+from nmt.languages import short, tag_language
 
 LICENSE_UNSET = "unknown"  # the Hub's own word for a licence nobody stated
 LICENSE_ID = re.compile(r"[a-z0-9][a-z0-9.+-]*")  # the Hub's licence identifiers: apache-2.0, cc-by-4.0, ...
@@ -56,15 +58,20 @@ DOMAINS = {
 }
 
 
-def model_card(cfg: Config, model_path: Path, license: str | None = None) -> str:
-    """README.md for the export of the checkpoint `model_path` (whose config is `cfg`)."""
+def model_card(cfg: Config, model_path: Path, license: str | None = None, tags: Sequence[str] = ()) -> str:
+    """README.md for the export of the checkpoint `model_path` (whose config is `cfg`); `tags`: the
+    target tags of a model of several targets (`>>fra<<`, ...), which its card lists and its example
+    uses."""
     check_license(license)
     src, tgt, m = cfg.data.src_lang, cfg.data.tgt_lang, cfg.model
+    targets = [short(tag_language(tag) or tag) for tag in tags]
+    into = " and ".join(filter(None, [", ".join(targets[:-1]), targets[-1]])) if targets else tgt
+    lead = f"{tags[0]} " if tags else ""  # what the example puts in front of its line
     pre = m.norm == "pre"  # nmt.formats.huggingface.layout_of
     name = model_name(model_path)
     results = find_results(model_path)
     front = {
-        "language": [src, tgt],
+        "language": list(dict.fromkeys([src, *targets])) if targets else [src, tgt],
         "license": license or LICENSE_UNSET,
         "pipeline_tag": "translation",
         "library_name": "transformers",
@@ -83,9 +90,9 @@ def model_card(cfg: Config, model_path: Path, license: str | None = None) -> str
         head,
         "---",
         "",
-        f"# {name}: {src} to {tgt} translation",
+        f"# {name}: {src} to {', '.join(targets) if targets else tgt} translation",
         "",
-        f"A Transformer (Vaswani et al., 2017) translating {src} into {tgt}, trained with nmt and exported "
+        f"A Transformer (Vaswani et al., 2017) translating {src} into {into}, trained with nmt and exported "
         + (
             "as a Pegasus model (PegasusForConditionalGeneration: pre-LayerNorm layers) with a MarianMT "
             "tokenizer and OPUS-MT's vocabulary layout, for transformers, ONNX and CTranslate2."
@@ -93,6 +100,7 @@ def model_card(cfg: Config, model_path: Path, license: str | None = None) -> str
             else "as a MarianMT model (OPUS-MT's layout) for transformers, ONNX and CTranslate2."
         ),
         "",
+        *target_section(tags),
         "## Licence",
         "",
         f"`{license}`" if license else "Not set: who publishes the model sets it (`nmt export --license`).",
@@ -101,7 +109,7 @@ def model_card(cfg: Config, model_path: Path, license: str | None = None) -> str
         "",
         "```python",
         *(USE_PEGASUS if pre else USE_MARIAN),
-        'batch = tokenizer(["A sentence to translate."], return_tensors="pt")',
+        f'batch = tokenizer(["{lead}A sentence to translate."], return_tensors="pt")',
         "print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))",
         "```",
         "",
@@ -132,6 +140,24 @@ def model_card(cfg: Config, model_path: Path, license: str | None = None) -> str
         "```",
     ]
     return "\n".join(lines) + "\n"
+
+
+def target_section(tags: Sequence[str]) -> list[str]:
+    """What a model of several targets needs of its user: a tag in front of each line (none for one)."""
+    if not tags:
+        return []
+    rows = [f"| {short(tag_language(tag) or tag)} | `{tag}` |" for tag in tags]
+    return [
+        "## Target languages",
+        "",
+        "One model translates into each of these languages. As with OPUS-MT's multi-target models, each "
+        f"source line starts with its target language's tag, e.g. `{tags[0]} A sentence.`",
+        "",
+        "| language | tag |",
+        "| --- | --- |",
+        *rows,
+        "",
+    ]
 
 
 def start_description(decoder_start: str, pre: bool = False) -> str:
@@ -208,10 +234,11 @@ def model_index(name: str, src: str, tgt: str, results: dict) -> list[dict]:
             for metric, label in (("bleu", "BLEU"), ("chrf", "chrF"))
             if isinstance(entry.get(metric), dict) and isinstance(entry[metric].get("score"), int | float)
         ]
+        pair = entry.get("direction") or f"{src}-{tgt}"  # a model of several directions scores each
         if metrics:
             entries.append(
                 {
-                    "task": {"type": "translation", "name": f"Translation {src}-{tgt}"},
+                    "task": {"type": "translation", "name": f"Translation {pair}"},
                     "dataset": {"name": str(test), "type": str(test)},
                     "metrics": metrics,
                 }
