@@ -34,6 +34,7 @@ from nmt.config import DecodeOverrides, Engine, Precision
 from nmt.data.fetch import file_digest
 from nmt.data.filters import FilterSettings, filter_pairs
 from nmt.errors import ConfigError, DataError
+from nmt.translate.chunks import changed_setting
 
 METHODS = ("sampling", "topk", "beam")
 TOPK = 10  # `topk`: Edunov et al.'s restricted sampling, k = 10
@@ -205,21 +206,13 @@ NAMES = {
 def check_settings(opts: BacktranslateOptions, now: dict) -> None:
     """The first run records its settings; a later one must match them (one line names the first that
     differs), since the chunks translated so far were made with them."""
-    path = opts.workdir / "settings.json"
-    if not path.exists():
-        atomic.write_text(path, json.dumps(now, indent=2) + "\n")
-        return
-    try:
-        before = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise DataError(f"{path}: cannot read: {e}") from None
-    for key, value in now.items():
-        if not isinstance(before, dict) or before.get(key) != value:
-            name = NAMES.get(key, f"--{key.replace('_', '-')}")
-            raise ConfigError(
-                f"{opts.workdir}: back-translated so far with other settings ({name} differs); run with the "
-                "same ones to continue, or write to another -o"
-            )
+    key = changed_setting(opts.workdir / "settings.json", now)
+    if key is not None:
+        name = NAMES.get(key, f"--{key.replace('_', '-')}")
+        raise ConfigError(
+            f"{opts.workdir}: back-translated so far with other settings ({name} differs); run with the "
+            "same ones to continue, or write to another -o"
+        )
 
 
 def backtranslate(opts: BacktranslateOptions, console: Console | None = None) -> dict:

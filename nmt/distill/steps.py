@@ -42,7 +42,7 @@ from nmt.data.preprocess import binarize, write_text
 from nmt.distill.select import select_chrf, select_top1
 from nmt.errors import ConfigError, DataError
 from nmt.score import read_lines
-from nmt.translate.chunks import is_number, read_chunks, read_jsonl
+from nmt.translate.chunks import changed_setting, is_number, read_chunks, read_jsonl
 
 STEPS = ("text", "teacher", "select", "filter", "data", "train", "average", "compare")
 SELECT = ("chrf", "top1")
@@ -231,28 +231,19 @@ class Run:
     def check_settings(self) -> None:
         """The first run records its settings; a later one must match them (one line names the first
         that differs), since the steps done so far were made with them."""
-        path = self.dir / "settings.json"
-        now = self.settings()
-        if not path.exists():
-            atomic.write_text(path, json.dumps(now, indent=2) + "\n")
-            return
-        try:
-            before = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
-            raise DataError(f"{path}: cannot read: {e}") from None
-        for key, value in now.items():
-            if before.get(key) != value:
-                what = {
-                    "teacher_sha256": "--teacher (another checkpoint)",
-                    "mono_sha256": "--mono (other text)",
-                }
-                name = what.get(
-                    key, "the recipe's data section" if key == "data" else f"--{key.replace('_', '-')}"
-                )
-                raise ConfigError(
-                    f"{self.workdir}: distilled so far with other settings ({name} differs); run with the "
-                    f"same ones to continue, or use another --workdir"
-                )
+        key = changed_setting(self.dir / "settings.json", self.settings())
+        if key is not None:
+            what = {
+                "teacher_sha256": "--teacher (another checkpoint)",
+                "mono_sha256": "--mono (other text)",
+            }
+            name = what.get(
+                key, "the recipe's data section" if key == "data" else f"--{key.replace('_', '-')}"
+            )
+            raise ConfigError(
+                f"{self.workdir}: distilled so far with other settings ({name} differs); run with the "
+                f"same ones to continue, or use another --workdir"
+            )
 
     def step(self, name: str, work) -> None:
         self.console.rule(f"[bold]{name}")

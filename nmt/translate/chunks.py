@@ -186,3 +186,17 @@ def read_nbest(path: Path) -> list[dict]:
 
 def chunk_path(folder: Path, k: int) -> Path:
     return folder / f"{k:05d}.jsonl"
+
+
+def changed_setting(path: Path, now: dict) -> str | None:
+    """The settings a chunked run was started with, recorded at `path` by its first run: None where
+    `now` holds the same (or nothing was recorded yet, and `now` is), else the first key that differs,
+    for the caller's one-line refusal: the chunks so far were made with the recorded ones."""
+    if not path.exists():
+        atomic.write_text(path, json.dumps(now, indent=2) + "\n")
+        return None
+    try:
+        before = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path}: cannot read: {e}") from None
+    return next((k for k, v in now.items() if not isinstance(before, dict) or before.get(k) != v), None)
