@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import html
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -189,6 +190,7 @@ class Reverser:
     """A line translator that reverses words, scoring each line -1 per word."""
 
     max_chars = 1000
+    subword = SimpleNamespace(tags={})  # a model of one target: no target tags
 
     def translate_nbest(self, lines, first_line=1, prefixes=None, on_batch=None):
         blank = [("", 0.0)]

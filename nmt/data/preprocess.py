@@ -33,7 +33,7 @@ from nmt.data.augment import MODIFIERS, augment_pair, is_on
 from nmt.data.binarized import write_split
 from nmt.data.clean import REASONS, Seen, clean_pairs, open_text, read_pairs
 from nmt.data.corpora import corpus_text
-from nmt.errors import ConfigError
+from nmt.errors import ConfigError, DataError
 from nmt.languages import BT_TAG
 from nmt.progress import Progress, count_lines
 from nmt.subword import Subword, train_subword
@@ -221,6 +221,9 @@ def binarize(data: DataConfig, out: Path, text_info: dict, console: Console | No
                     lengths[1][len(tgt)] += 1
                     group["pairs"] += 1
                     yield src, tgt
+            # the direction's pairs are all taken: resumed once more, the encoder counts its last chunk
+            if next(pairs, None) is not None:
+                raise DataError(f"{clean_text(out, data, direction)[0]}: more lines than its corpora kept")
 
     kept = sum(c["kept"] for c in train["corpora"].values())
     with Progress(console, "encode and binarize train", kept) as progress:

@@ -182,7 +182,8 @@ class LineTranslator:
         todo = [i for i, line in enumerate(lines) if line.strip()]
         encoded = Encoded()
         tag = target or self.target
-        all_ids = self.subword.encode([lines[i] for i in todo], tag=tag)
+        texts = [lines[i] for i in todo]
+        all_ids = self.subword.encode(texts, tag=tag) if tag else self.subword.encode(texts)
         if self.subword.targets and tag not in self.subword.tags:
             tags = set(self.subword.tags.values())
             untagged = next(
