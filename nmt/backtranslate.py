@@ -4,7 +4,9 @@ synthetic sources beside real targets, for the forward model to train on.
 A reverse model (target -> source) translates the monolingual lines: by unrestricted sampling (the
 default; Edunov et al., 2018, "Understanding Back-Translation at Scale", found it beats beam search when
 the parallel data is plentiful, since beam outputs are too regular to teach anything), from the 10
-likeliest tokens (`topk`), or by beam search (`beam`, the model's own beam). Steps:
+likeliest tokens (`topk`), by beam search (`beam`, the model's own beam), or greedily (`greedy`: with
+little parallel data, Edunov et al.'s 80k pairs, greedy and beam outputs taught more than samples, and
+greedy costs a beam's fraction). Steps:
 
     read       every --mono file, strictly UTF-8; blank lines skipped, repeated lines kept once (the
                first), capped at --max-lines: the lines to translate, in their order
@@ -36,7 +38,7 @@ from nmt.data.filters import FilterSettings, filter_pairs
 from nmt.errors import ConfigError, DataError
 from nmt.translate.chunks import changed_setting
 
-METHODS = ("sampling", "topk", "beam")
+METHODS = ("sampling", "topk", "beam", "greedy")
 TOPK = 10  # `topk`: Edunov et al.'s restricted sampling, k = 10
 # A sentence-per-line file has lines of hundreds of bytes; one of a megabyte is a file without line
 # breaks (a document, a binary), which no sentence pair should be made of.
@@ -75,7 +77,10 @@ def check_options(opts: BacktranslateOptions) -> None:
     if opts.method not in METHODS:
         raise ConfigError(f"--method {opts.method}: expected one of {', '.join(METHODS)}")
     if not opts.mono:
-        raise ConfigError("--mono: give at least one file of monolingual target-language text")
+        raise ConfigError(
+            "--mono: give at least one file of monolingual target-language text, or a recipe that names "
+            "data.backtranslate.mono"
+        )
     for path in opts.mono:
         if not path.is_file():
             raise ConfigError(f"--mono {path}: no such file")
@@ -174,6 +179,8 @@ def decode_overrides(opts: BacktranslateOptions) -> DecodeOverrides:
     flags = {"sampling": "--method", "sampling_topk": "--method", "seed": "--seed"}
     if opts.method == "beam":
         return DecodeOverrides.given(flags, sampling=False, nbest=1)
+    if opts.method == "greedy":
+        return DecodeOverrides.given(flags, sampling=False, nbest=1, beam=1)
     topk = TOPK if opts.method == "topk" else 0
     return DecodeOverrides.given(
         flags, sampling=True, sampling_topk=topk, sampling_topp=1.0, temperature=1.0, nbest=1, seed=opts.seed
@@ -186,7 +193,7 @@ def settings(opts: BacktranslateOptions, src_lang: str, tgt_lang: str) -> dict:
         "mono_sha256": [file_digest(p) for p in opts.mono],
         "languages": [src_lang, tgt_lang],
         "method": opts.method,
-        "seed": opts.seed if opts.method != "beam" else None,
+        "seed": opts.seed if opts.method in ("sampling", "topk") else None,
         "engine": str(opts.engine),
         "precision": str(opts.precision),
         "chunk_lines": opts.chunk_lines,

@@ -29,7 +29,7 @@ except ImportError:  # an older typer over click itself
     from click.exceptions import NoArgsIsHelpError, UsageError
 
 from nmt.config import Engine, Precision
-from nmt.errors import Interrupted, NmtError, Signalled
+from nmt.errors import ConfigError, Interrupted, NmtError, Signalled
 from nmt.formats import FORMATS
 from nmt.output import write_failed
 
@@ -276,6 +276,16 @@ def _workdir(recipe: str, workdir: Path | None, *inputs: Path | None) -> Path:
     return workdir
 
 
+def _whole_run_only(cfg, command: str) -> None:
+    """A back-translation recipe's data exist only once its reverse model has translated: its steps
+    run in order under `nmt run`, which alone knows where each model's data are."""
+    if cfg.data.backtranslate is not None:
+        raise ConfigError(
+            f"data.backtranslate: nmt {command} cannot run a back-translation recipe's steps alone; "
+            "`nmt run` runs them in order (reverse model, back-translation, forward model), each resumable"
+        )
+
+
 @app.command(cls=Command)
 def preprocess(
     recipe: RecipeArg,
@@ -297,6 +307,7 @@ def preprocess(
     from nmt.data.preprocess import preprocess as run_preprocess
 
     cfg = load_config(recipe, _overrides(overrides, init_from), checkpoint_config)
+    _whole_run_only(cfg, "preprocess")
     run_preprocess(
         cfg,
         _workdir(recipe, workdir),
@@ -337,6 +348,7 @@ def train(
     if dry_run:
         run_dry_run(cfg, console=err)
         return
+    _whole_run_only(cfg, "train")
     run_train(cfg, _workdir(recipe, workdir, cfg.data.init_from), console=err)
 
 
@@ -827,12 +839,14 @@ def run(
 ) -> None:
     """Everything: preprocess, train, average, translate the test sets, score, write results.md.
 
-    A step already done is skipped, so running it again after a crash continues where it stopped.
+    A step already done is skipped, so running it again after a crash continues where it stopped. A
+    back-translation recipe (data.backtranslate) first trains its reverse model and back-translates.
 
     [bold]Examples[/]
     nmt run multi30k-en-de --mirror ~/multi30k   # the Multi30k files, from a folder
     nmt run wmt14-en-de-base
     nmt run my-domain.yaml --init-from opus-mt-en-de.pt   # fine-tune, then evaluate
+    nmt run multi30k-en-de-bt --set data.backtranslate.baseline=true   # and the bitext-only ablation
     """
     from nmt.checkpoint import checkpoint_config
     from nmt.config import load_config
@@ -928,12 +942,6 @@ def backtranslate(
             "--reverse", "-r", help="The target->source checkpoint that writes the synthetic sources."
         ),
     ],
-    mono: Annotated[
-        list[Path],
-        typer.Option(
-            "--mono", help="Monolingual target-language text (.gz read as gzip); repeat for several."
-        ),
-    ],
     output: Annotated[
         Path,
         typer.Option(
@@ -943,6 +951,14 @@ def backtranslate(
             help="Writes PREFIX.<src> and PREFIX.<tgt>; works in PREFIX.work/.",
         ),
     ],
+    mono: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--mono",
+            help="Monolingual target-language text (.gz read as gzip); repeat for several. Default: the "
+            "recipe's data.backtranslate.mono, fetched as its corpora are.",
+        ),
+    ] = None,
     recipe: Annotated[
         str | None,
         typer.Argument(
@@ -952,11 +968,13 @@ def backtranslate(
         ),
     ] = None,
     workdir: WorkdirOpt = None,
+    mirror: MirrorOpt = None,
     method: Annotated[
         str,
         typer.Option(
-            metavar="<sampling|topk|beam>",
-            help="sampling: unrestricted (Edunov et al. 2018); topk: from the 10 likeliest tokens; beam.",
+            metavar="<sampling|topk|beam|greedy>",
+            help="sampling: unrestricted (Edunov et al. 2018); topk: from the 10 likeliest tokens; beam: the "
+            "model's beam; greedy: a beam of one (with little parallel data, as good as beam and faster).",
         ),
     ] = "sampling",
     seed: Annotated[int, typer.Option(help="Seed of the samples: the same seed gives the same corpus.")] = 1,
@@ -986,6 +1004,7 @@ def backtranslate(
     nmt backtranslate --reverse de-en.pt --mono news.de -o bt/news   # writes bt/news.en, bt/news.de
     nmt backtranslate multi30k-en-de --reverse de-en.pt --mono train.1.de.gz --mono train.2.de.gz -o bt/m
     nmt backtranslate --reverse de-en.pt --mono news.de -o bt/news --method beam --engine ctranslate2
+    nmt backtranslate multi30k-en-de-bt --reverse de-en.pt -o bt/m   # the recipe's monolingual text
     """
     from nmt.backtranslate import BacktranslateOptions
     from nmt.backtranslate import backtranslate as run_backtranslate
@@ -998,15 +1017,17 @@ def backtranslate(
         cfg = load_config(recipe)
         direction = cfg.data.src_lang, cfg.data.tgt_lang
         inputs.append(resolve_recipe(recipe))
-        spm = (
-            (workdir if workdir is not None else Path("runs") / resolve_recipe(recipe).stem)
-            / "data"
-            / "spm.model"
-        )
-        vocab = spm if spm.is_file() else None
+        data = (workdir if workdir is not None else Path("runs") / resolve_recipe(recipe).stem) / "data"
+        if cfg.data.backtranslate is not None:  # `nmt run` keeps the vocabulary every model shares here
+            data = data.parent / "bitext" / "data"
+            if not mono:
+                from nmt.data.corpora import files_text
+
+                mono = files_text(list(cfg.data.backtranslate.mono), mirror=mirror, console=err)
+        vocab = data / "spm.model" if (data / "spm.model").is_file() else None
     opts = BacktranslateOptions(
         reverse=reverse,
-        mono=tuple(mono),
+        mono=tuple(mono or ()),
         output=output,
         method=method,
         engine=engine,

@@ -72,6 +72,30 @@ class AugmentConfig:
 
 
 @dataclass(frozen=True)
+class BacktranslateConfig:
+    """A back-translation recipe (`nmt run`, nmt.pipeline): a reverse model (target -> source) trained
+    on the recipe's bitext with its SentencePiece model, or one given, translates monolingual
+    target-language text into synthetic sources (nmt.backtranslate); the pairs join the training
+    corpora as one more corpus, and the forward model trains on both."""
+
+    mono: tuple[FileSpec, ...] = ()  # monolingual target-language text, fetched as every corpus is
+    name: str = "backtranslated"  # the synthetic corpus's name in statistics and results
+    method: Literal["sampling", "topk", "beam", "greedy"] = "sampling"  # nmt backtranslate --method
+    seed: int = 1  # the samples' seed
+    max_lines: int | None = None  # at most this many monolingual lines (after repeats are dropped)
+    tag: bool = True  # each synthetic source begins with <BT> (tagged back-translation, Caswell et al.)
+    weight: float = 1.0  # the synthetic corpus's weight (CorpusSpec.weight)
+    # A trained target -> source checkpoint to use; its SentencePiece model becomes the recipe's. None:
+    # one is trained from the recipe, sources and targets swapped, for reverse_minutes (None: the
+    # recipe's train.max_minutes).
+    reverse: str | None = None
+    reverse_minutes: float | None = None
+    # Also train the recipe without the synthetic corpus (bitext only, the same minutes and vocabulary),
+    # and show it beside the forward model in results.md: the ablation that says what the corpus gave.
+    baseline: bool = False
+
+
+@dataclass(frozen=True)
 class DataConfig:
     src_lang: str
     tgt_lang: str
@@ -98,6 +122,7 @@ class DataConfig:
     # (fairseq's temperature sampling, nmt.data.sampling): T = 1 with every weight 1 is concatenation;
     # T > 1 draws small corpora (low-resource directions) more often than their size says.
     sampling_temperature: float = 1.0
+    backtranslate: BacktranslateConfig | None = None
 
     def direction(self, corpus: CorpusSpec) -> tuple[str, str]:
         """The (source, target) languages of a corpus: its own, or the recipe's."""
@@ -128,9 +153,11 @@ class DataConfig:
     def reserved_tags(self) -> tuple[str, ...]:
         """The reserved subwords the vocabulary is trained with, inserted by id (nmt.languages): a
         target tag per language where there are several targets, so a bilingual model has none and
-        stays what it always was; and <BT> where a training corpus is tagged (CorpusSpec.tag)."""
+        stays what it always was; and <BT> where a training corpus is tagged (CorpusSpec.tag) or will be
+        (a tagged back-translation recipe, whose vocabulary is trained before its synthetic corpus exists)."""
         targets = tuple(target_tag(t) for t in self.targets) if len(self.targets) > 1 else ()
-        return targets + ((BT_TAG,) if any(c.tag for c in self.train) else ())
+        bt = any(c.tag for c in self.train) or (self.backtranslate is not None and self.backtranslate.tag)
+        return targets + ((BT_TAG,) if bt else ())
 
 
 # The largest model nmt builds, in each dimension (a recipe, a checkpoint, an imported config.json):
@@ -602,6 +629,31 @@ def _check(cfg: Config, source: str, corpora: bool = True) -> None:
                 f"data.{section}[{i}]",
                 f"{src}-{tgt} is not a direction the training corpora hold ({names})",
             )
+    bt = data.backtranslate
+    if bt is not None:
+        need(len(bt.mono) > 0 or not corpora, "data.backtranslate.mono", "names no monolingual file")
+        need(bt.max_lines is None or bt.max_lines > 0, "data.backtranslate.max_lines", "must be positive")
+        need(0 < bt.weight < math.inf, "data.backtranslate.weight", f"must be positive, got {bt.weight}")
+        need(
+            bt.reverse_minutes is None or bt.reverse_minutes > 0,
+            "data.backtranslate.reverse_minutes",
+            "must be positive",
+        )
+        need(
+            not data.multilingual,
+            "data.backtranslate",
+            "back-translates into one language pair's source; this recipe has several directions",
+        )
+        need(
+            data.init_from is None,
+            "data.backtranslate",
+            "not with data.init_from: give the fine-tuned model's reverse as data.backtranslate.reverse",
+        )
+        need(
+            bt.name not in {c.name for c in data.train},
+            "data.backtranslate.name",
+            f"{bt.name} already names a training corpus",
+        )
     if data.multilingual:  # a corpus is named by its name and direction in statistics and results
         for section in ("train", "valid", "test"):
             seen = [(c.name, data.direction(c)) for c in getattr(data, section)]

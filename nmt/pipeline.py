@@ -2,10 +2,23 @@
 
 Every step leaves an output that proves it finished (written atomically), and is skipped when that output
 is already there, so running the same command after a crash continues where it stopped.
+
+A back-translation recipe (data.backtranslate) runs three steps before those, each resumable alike:
+
+    bitext     `nmt preprocess` of the recipe's own corpora into bitext/: the joint SentencePiece
+               model (with <BT> reserved) that every model of the run shares
+    reverse    the target -> source model, trained on the bitext swapped (reverse/), or the one given
+    backtranslate
+               `nmt backtranslate` of the monolingual text with it (backtranslate/<name>.<lang>)
+
+and then the usual steps on the recipe with the synthetic pairs as one more training corpus. With
+data.backtranslate.baseline, the recipe without them (bitext only, the same vocabulary and minutes) is
+trained in bitext/ as well, and results.md shows it beside the forward model.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -19,10 +32,15 @@ from rich.table import Table
 
 from nmt.atomic import write_text
 from nmt.checkpoint import average_last, checkpoint_subword
-from nmt.config import Config, CorpusSpec
+from nmt.config import Config, CorpusSpec, FileSpec
+from nmt.data.corpora import files_text
+from nmt.data.fetch import file_digest
 from nmt.data.preprocess import corpus_key, preprocess, test_text
 from nmt.device import resolve_device
+from nmt.errors import ConfigError
+from nmt.languages import BT_TAG
 from nmt.score import corpus_scores, language_share, read_lines
+from nmt.subword import Subword
 from nmt.train import train
 from nmt.train.monitor import training_summary
 from nmt.translate import LineTranslator, build_translator
@@ -33,10 +51,138 @@ def run_pipeline(
 ) -> dict:
     console = console or Console(stderr=True)
     workdir = Path(workdir)
+    bt = cfg.data.backtranslate
+    if bt is None:
+        return run_steps(cfg, workdir, mirror, console)
+    forward, subword, bitext_subword, info = backtranslated(cfg, workdir, mirror, console)
+    results = run_steps(forward, workdir, mirror, console, subword=subword)
+    results["backtranslation"] = {
+        "method": bt.method,
+        "tagged": bt.tag,
+        "weight": bt.weight,
+        "translated": info["translated"],
+        "pairs": info["pairs"],
+        "removed": info["removed"],
+        "seconds": info["seconds"],
+    }
+    write_results(workdir, results)
+    if bt.baseline:
+        console.rule("[bold]bitext only: the recipe without the synthetic corpus")
+        base = run_steps(cfg, workdir / "bitext", mirror, console, subword=bitext_subword)
+        results["bitext_only"] = {
+            "workdir": str(workdir / "bitext"),
+            "training": base["training"],
+            "tests": {
+                name: {m: e[m]["score"] for m in ("bleu", "chrf")} for name, e in base["tests"].items()
+            },
+        }
+        write_results(workdir, results)
+        show_results(results, console)
+    return results
+
+
+def backtranslated(
+    cfg: Config, workdir: Path, mirror: str | None, console: Console
+) -> tuple[Config, bytes, bytes | None, dict]:
+    """The steps before the forward model's: returns the recipe with the synthetic corpus among its
+    training corpora, the SentencePiece model every model of the run shares, the one the bitext was
+    preprocessed with as given (None where it trained its own), and what back-translation counted."""
+    from nmt.backtranslate import BacktranslateOptions, backtranslate
+
+    bt = cfg.data.backtranslate
+    assert bt is not None
+    bitext = workdir / "bitext"
+    console.rule("[bold]bitext: preprocess the recipe's corpora")
+    given = checkpoint_subword(bt.reverse) if bt.reverse is not None else None
+    if given is not None and bt.tag and BT_TAG not in Subword(given).tags:
+        raise ConfigError(
+            f"data.backtranslate.reverse: {bt.reverse} has no {BT_TAG} in its vocabulary, which tagged "
+            "back-translation needs; set data.backtranslate.tag: false, or let the run train a reverse model"
+        )
+    preprocess(cfg, bitext, mirror=mirror, console=console, subword=given)
+    vocab = bitext / "data" / "spm.model"
+    subword = vocab.read_bytes()
+    if bt.reverse is not None:
+        reverse_model = Path(bt.reverse)
+    else:
+        console.rule("[bold]reverse: train the target -> source model")
+        rev = reverse_config(cfg)
+        preprocess(rev, workdir / "reverse", mirror=mirror, console=console, subword=subword)
+        train(rev, workdir / "reverse", console=console)
+        reverse_model = average_last(rev, workdir / "reverse" / "checkpoints", console)
+    console.rule("[bold]backtranslate: the monolingual text into synthetic sources")
+    src_lang, tgt_lang = cfg.data.src_lang, cfg.data.tgt_lang
+    output = workdir / "backtranslate" / bt.name
+    info = backtranslate(
+        BacktranslateOptions(
+            reverse=reverse_model,
+            mono=tuple(files_text(list(bt.mono), mirror=mirror, console=console)),
+            output=output,
+            method=bt.method,
+            device=cfg.train.device,
+            seed=bt.seed,
+            max_lines=bt.max_lines,
+            vocab=vocab,
+            direction=(src_lang, tgt_lang),
+        ),
+        console,
+    )
+    synthetic = CorpusSpec(
+        name=bt.name,
+        src=local_file(Path(f"{output}.{src_lang}")),
+        tgt=local_file(Path(f"{output}.{tgt_lang}")),
+        tag=bt.tag,
+        weight=bt.weight,
+    )
+    # The forward recipe: the synthetic corpus is one of its training corpora now, tagged if it is
+    forward = dataclasses.replace(
+        cfg, data=dataclasses.replace(cfg.data, train=(*cfg.data.train, synthetic), backtranslate=None)
+    )
+    return forward, subword, given, info
+
+
+def reverse_config(cfg: Config) -> Config:
+    """The recipe with sources and targets swapped, for the reverse model's minutes; no test sets (the
+    reverse model is judged by what its corpus gives the forward one), no back-translation of its own."""
+    bt = cfg.data.backtranslate
+    assert bt is not None
+
+    def swapped(c: CorpusSpec) -> CorpusSpec:
+        return dataclasses.replace(
+            c, src=c.tgt, tgt=c.src, src_lang=c.tgt_lang, tgt_lang=c.src_lang, tag=False
+        )
+
+    data = dataclasses.replace(
+        cfg.data,
+        src_lang=cfg.data.tgt_lang,
+        tgt_lang=cfg.data.src_lang,
+        train=tuple(map(swapped, cfg.data.train)),
+        valid=tuple(map(swapped, cfg.data.valid)),
+        test=(),
+        backtranslate=None,
+    )
+    minutes = bt.reverse_minutes if bt.reverse_minutes is not None else cfg.train.max_minutes
+    return dataclasses.replace(cfg, data=data, train=dataclasses.replace(cfg.train, max_minutes=minutes))
+
+
+def local_file(path: Path) -> FileSpec:
+    """A corpus file this run wrote, named by its path and checksum: a new corpus is a new fingerprint."""
+    return FileSpec(url=str(path.resolve()), sha256=file_digest(path))
+
+
+def run_steps(
+    cfg: Config,
+    workdir: Path,
+    mirror: str | None,
+    console: Console,
+    subword: bytes | None = None,
+) -> dict:
     ckpt_dir = workdir / "checkpoints"
 
     console.rule("[bold]1. preprocess")
-    preprocess(cfg, workdir, mirror=mirror, console=console, checkpoint_subword=checkpoint_subword)
+    preprocess(
+        cfg, workdir, mirror=mirror, console=console, checkpoint_subword=checkpoint_subword, subword=subword
+    )
 
     console.rule("[bold]2. train")
     train(cfg, workdir, console=console)
@@ -199,10 +345,50 @@ def write_results(workdir: Path, results: dict) -> None:
             f"| {name} | {e['bleu']['score']} | {e['chrf']['score']} | {tok} | "
             f"{e['speed']['sentences_per_s']} | {e['speed']['target_tokens_per_s']} |"
         )
+    lines += backtranslation_lines(results)
     lines += ["", "Signatures:", ""]
     for name, e in results["tests"].items():
         lines += [f"- {name} BLEU: `{e['bleu']['signature']}`", f"- {name} chrF: `{e['chrf']['signature']}`"]
     write_text(workdir / "results.md", "\n".join(lines) + "\n")
+
+
+def backtranslation_lines(results: dict) -> list[str]:
+    """results.md's account of a back-translation recipe: the synthetic corpus, and the forward model
+    against the recipe without it where that was trained (data.backtranslate.baseline)."""
+    bt = results.get("backtranslation")
+    if bt is None:
+        return []
+    removed = ", ".join(f"{reason.replace('_', ' ')} {n:,}" for reason, n in bt["removed"].items())
+    lines = [
+        "",
+        "## Back-translation",
+        "",
+        f"{bt['pairs']:,} synthetic pairs from {bt['translated']:,} monolingual lines ({bt['method']}, "
+        f"{'tagged' if bt['tagged'] else 'untagged'}, weight {bt['weight']:g}; removed: {removed}), "
+        f"back-translated in {bt['seconds']:,} s.",
+    ]
+    base = results.get("bitext_only")
+    if base is None:
+        lines += ["", "The recipe without them (bitext only) was not trained: data.backtranslate.baseline."]
+        return lines
+    t = base["training"]
+    lines += [
+        "",
+        f"Against the same recipe without the synthetic corpus (bitext only, the same vocabulary and "
+        f"budget; {t.get('updates')} updates in {t.get('minutes')} min, `{base['workdir']}`):",
+        "",
+        "| test set | with back-translation: BLEU / chrF | bitext only: BLEU / chrF | BLEU difference |",
+        "| --- | --- | --- | --- |",
+    ]
+    for name, e in results["tests"].items():
+        b = base["tests"].get(name)
+        if b is None:
+            continue
+        lines.append(
+            f"| {name} | {e['bleu']['score']} / {e['chrf']['score']} | {b['bleu']} / {b['chrf']} | "
+            f"{e['bleu']['score'] - b['bleu']:+.2f} |"
+        )
+    return lines
 
 
 def show_results(results: dict, console: Console) -> None:

@@ -64,6 +64,12 @@ def fetch(
     nothing. A mirror folder is verified and read in place, not copied.
     """
     name = basename(url)
+    if not is_url(url):  # a local file, read in place (a back-translation recipe's synthetic corpus)
+        path = Path(url).expanduser()
+        if not path.is_file():
+            raise DataError(f"{path}: no such file")
+        _verify(path, digest, algorithm, delete=False)
+        return path
     if mirror and not is_url(mirror):
         path = Path(mirror).expanduser() / name
         if not path.is_file():

@@ -60,16 +60,18 @@ def preprocess(
     force: bool = False,
     console: Console | None = None,
     checkpoint_subword: Callable[[str], bytes] | None = None,
+    subword: bytes | None = None,
 ) -> dict:
     """Run the steps not yet done for this data config; returns the statistics of data/stats.json.
 
     A fine-tuning recipe (data.init_from) encodes with the checkpoint's own subword model, which
     `checkpoint_subword` reads (nmt.checkpoint.checkpoint_subword): passed in, so that the data stage
-    imports nothing of the checkpoint's level above it.
+    imports nothing of the checkpoint's level above it. `subword` is a SentencePiece model to encode with
+    instead of training one: the one a back-translation recipe's reverse and forward models share.
     """
     console = console or Console(stderr=True, quiet=True)
     data, out = cfg.data, Path(workdir) / "data"
-    init_subword = None
+    init_subword = subword
     if data.init_from:
         if checkpoint_subword is None:
             raise ConfigError("data.init_from: this caller cannot read checkpoints")
@@ -87,7 +89,7 @@ def preprocess(
             info = write_text(data, out, mirror=mirror, console=console)
         elif step == "subword" and init_subword is not None:  # fine-tuning: the checkpoint's own subwords
             atomic.write_bytes(out / "spm.model", init_subword)
-            info = {"model": str(out / "spm.model"), "from": data.init_from}
+            info = {"model": str(out / "spm.model"), "from": data.init_from or "given"}
         elif step == "subword":
             files = [path for d in data.directions for path in clean_text(out, data, d)]
             model = train_subword(files, out / "spm", data, _by_language(out, data))
@@ -376,6 +378,11 @@ def _fingerprint(data: DataConfig, step: str, init_subword: bytes | None = None)
                     corpus.pop(key)
     if settings["sampling_temperature"] == 1.0:
         settings.pop("sampling_temperature")
+    # A back-translation recipe's settings choose its synthetic corpus, which joins data.train by name
+    # and checksum once written; the vocabulary depends only on whether <BT> is reserved in it.
+    backtranslate = settings.pop("backtranslate")
+    if backtranslate is not None and step != "text":
+        settings["reserved_tags"] = list(data.reserved_tags)
     if step == "text":
         for key in SUBWORD_KEYS:
             settings.pop(key)

@@ -1,0 +1,251 @@
+"""A back-translation recipe under `nmt run`: the bitext's vocabulary shared by every model, a reverse model
+trained on the pairs swapped, the monolingual text back-translated and mixed in tagged; killed in each
+step, it resumes to the same synthetic corpus and the same final weights."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from io import StringIO
+
+import pytest
+import torch
+from rich.console import Console
+
+import nmt.data.preprocess
+import nmt.pipeline
+import nmt.train.loop
+from nmt import atomic
+from nmt.checkpoint import load_checkpoint
+from nmt.config import config_from_dict, config_to_dict
+from nmt.data.binarized import ParallelData
+from nmt.errors import ConfigError
+from nmt.languages import BT_TAG
+from nmt.pipeline import reverse_config, run_pipeline
+from nmt.subword import Subword
+
+from .conftest import cli, one_error_line
+from .synthetic import reverse, sentence
+from .test_distill import student_config, write_mirror
+
+QUIET = Console(file=StringIO())
+
+
+class Killed(BaseException):
+    """Stands for a kill: not an Exception, so nothing on the way catches it."""
+
+
+def kill_after(monkeypatch, module, name, when=lambda *a, **k: True):
+    original = getattr(module, name)
+
+    def dying(*args, **kwargs):
+        result = original(*args, **kwargs)
+        if when(*args, **kwargs):
+            raise Killed(name)
+        return result
+
+    monkeypatch.setattr(module, name, dying)
+
+
+def write_mono(folder, n=300, seed=11) -> dict:
+    """Target-language (yy) text: reversed sentences, none of them a training target."""
+    rng = random.Random(seed)
+    path = folder / "mono.yy"
+    path.write_text("".join(reverse(sentence(rng)) + "\n" for _ in range(n)))
+    return {"url": "http://127.0.0.1/data/mono.yy", "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+
+
+def bt_recipe(specs, mono, **backtranslate) -> dict:
+    raw = config_to_dict(student_config(specs))
+    raw["model"]["decoder_layers"] = 2
+    raw["data"]["vocab_size"] = 32  # what the letters of the reversal task allow
+    raw["data"]["backtranslate"] = {"mono": [mono], "max_lines": 250, "baseline": True, **backtranslate}
+    return raw
+
+
+@pytest.fixture
+def setup(tmp_path, monkeypatch):
+    monkeypatch.setenv("NMT_CACHE", str(tmp_path / "cache"))
+    mirror = tmp_path / "mirror"
+    specs = write_mirror(mirror)
+    raw = bt_recipe(specs, write_mono(mirror))
+    return config_from_dict(raw), raw, str(mirror)
+
+
+def outcome(workdir) -> dict:
+    """What the run produced: the synthetic corpus, the forward model's data and weights, the scores."""
+    results = json.loads((workdir / "results.json").read_text())
+    return {
+        "synthetic": [
+            (workdir / "backtranslate" / f"backtranslated.{lang}").read_text() for lang in ("xx", "yy")
+        ],
+        "data": (workdir / "data" / "train.src.bin").read_bytes(),
+        "weights": torch.load(workdir / "checkpoints" / "average.pt", weights_only=True)["model"],
+        "reverse": torch.load(workdir / "reverse" / "checkpoints" / "average.pt", weights_only=True)["model"],
+        "scores": {k: v["bleu"]["score"] for k, v in results["tests"].items()},
+        "bitext_only": results["bitext_only"]["tests"],
+    }
+
+
+def same_weights(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.numerics
+@pytest.mark.slow  # three small trainings, then again killed once in each step
+def test_a_backtranslation_recipe_killed_in_each_step_ends_as_an_uninterrupted_run(
+    setup, tmp_path, monkeypatch, one_torch_thread
+):
+    cfg, _, mirror = setup
+    whole = tmp_path / "whole"
+    results = run_pipeline(cfg, whole, mirror=mirror, console=QUIET)
+    expected = outcome(whole)
+
+    # One vocabulary for all: the bitext's, with <BT> reserved, in the reverse, forward and bitext models
+    spm = (whole / "bitext" / "data" / "spm.model").read_bytes()
+    assert BT_TAG in Subword(spm).tags
+    for model in (
+        "reverse/checkpoints/average.pt",
+        "checkpoints/average.pt",
+        "bitext/checkpoints/average.pt",
+    ):
+        assert load_checkpoint(whole / model).subword_proto == spm, model
+    # The reverse model translates yy -> xx; the synthetic pairs have its xx beside the real yy lines
+    rev = load_checkpoint(whole / "reverse" / "checkpoints" / "average.pt").config
+    assert (rev.data.src_lang, rev.data.tgt_lang) == ("yy", "xx")
+    synthetic_yy = expected["synthetic"][1].splitlines()
+    mono = (tmp_path / "mirror" / "mono.yy").read_text().splitlines()
+    assert 0 < len(synthetic_yy) <= 250 and set(synthetic_yy) <= set(mono)
+    # Every synthetic source begins with <BT> by id in the forward model's data; no real one does
+    stats = json.loads((whole / "data" / "stats.json").read_text())
+    assert [g["corpus"] for g in stats["groups"]] == ["train", "backtranslated"]
+    assert 0 < stats["groups"][1]["pairs"] <= results["backtranslation"]["pairs"]
+    data = ParallelData(whole / "data" / "train")
+    bt_id = Subword(spm).tags[BT_TAG]
+    real = stats["groups"][0]["pairs"]
+    assert len(data) == real + stats["groups"][1]["pairs"]
+    assert all(int(data.src(i)[0]) != bt_id for i in range(real))
+    assert all(int(data.src(i)[0]) == bt_id for i in range(real, len(data)))
+    # results.md: the forward model against the same recipe without the synthetic corpus
+    md = (whole / "results.md").read_text()
+    assert "## Back-translation" in md and "bitext only" in md
+    assert results["bitext_only"]["tests"].keys() == results["tests"].keys()
+
+    def under(folder):
+        return lambda ckpt_dir, *a, **k: str(ckpt_dir).startswith(str(resumed / folder))
+
+    def binarizing(folder):
+        return lambda data, out, *a, **k: str(out) == str(resumed / folder / "data")
+
+    kills = [
+        ("bitext", lambda m: kill_after(m, nmt.data.preprocess, "binarize", binarizing("bitext"))),
+        ("reverse data", lambda m: kill_after(m, nmt.data.preprocess, "binarize", binarizing("reverse"))),
+        (
+            "reverse train",
+            lambda m: kill_after(m, nmt.train.loop, "save_training_checkpoint", under("reverse")),
+        ),
+        (
+            "backtranslate",
+            lambda m: kill_after(
+                m, atomic, "write_text", lambda path, *a, **k: str(path).endswith("00000.jsonl")
+            ),
+        ),
+        ("forward data", lambda m: kill_after(m, nmt.data.preprocess, "binarize", binarizing(""))),
+        (
+            "forward train",
+            lambda m: kill_after(m, nmt.train.loop, "save_training_checkpoint", under("checkpoints")),
+        ),
+        ("translate", lambda m: kill_after(m, nmt.pipeline, "translate_test_set")),
+        (
+            "baseline train",
+            lambda m: kill_after(m, nmt.train.loop, "save_training_checkpoint", under("bitext")),
+        ),
+    ]
+    resumed = tmp_path / "resumed"
+    for step, arm in kills:
+        with monkeypatch.context() as m:
+            arm(m)
+            with pytest.raises(Killed):
+                run_pipeline(cfg, resumed, mirror=mirror, console=QUIET)
+        assert not (resumed / "results.json").exists() or step == "baseline train", step
+    run_pipeline(cfg, resumed, mirror=mirror, console=QUIET)
+    got = outcome(resumed)
+    for key in ("weights", "reverse"):
+        assert same_weights(got.pop(key), expected.pop(key)), key
+    assert got == expected
+
+
+def test_a_backtranslation_recipe_is_checked_once_in_one_line(setup, tmp_path):
+    _, raw, _ = setup
+    bt = raw["data"]["backtranslate"]
+    for key, value, why in [
+        ("mono", [], "names no monolingual file"),
+        ("max_lines", 0, "must be positive"),
+        ("weight", 0, "must be positive"),
+        ("reverse_minutes", -1, "must be positive"),
+        ("name", "train", "already names a training corpus"),
+        ("method", "nucleus", "is not one of"),
+    ]:
+        bad = json.loads(json.dumps(raw))
+        bad["data"]["backtranslate"] = {**bt, key: value}
+        with pytest.raises(ConfigError, match=f"data.backtranslate.{key}: .*{why}"):
+            config_from_dict(bad, "r.yaml")
+
+
+def test_the_reverse_recipe_swaps_every_pair_and_keeps_the_model(setup):
+    cfg, _, _ = setup
+    rev = reverse_config(cfg)
+    assert (rev.data.src_lang, rev.data.tgt_lang) == ("yy", "xx")
+    assert rev.data.train[0].src == cfg.data.train[0].tgt and rev.data.valid[0].tgt == cfg.data.valid[0].src
+    assert rev.data.test == () and rev.data.backtranslate is None
+    assert rev.model == cfg.model and rev.data.vocab_size == cfg.data.vocab_size
+
+
+def test_preprocess_and_train_alone_refuse_a_backtranslation_recipe(setup, tmp_path):
+    import yaml
+
+    _, raw, mirror = setup
+    recipe = tmp_path / "bt.yaml"
+    recipe.write_text(yaml.safe_dump(raw))
+    for command in ("preprocess", "train"):
+        result = cli(command, recipe, "-w", tmp_path / "w")
+        assert result.returncode == 2, result.stderr
+        assert "nmt run" in one_error_line(result.stderr, "data.backtranslate")
+    assert not (tmp_path / "w").exists()
+
+
+def test_nmt_backtranslate_reads_the_recipes_monolingual_text_through_the_mirror(
+    tmp_path, monkeypatch, synthetic_run, one_torch_thread
+):
+    """`nmt backtranslate RECIPE` without --mono: the recipe's data.backtranslate.mono, fetched and checked
+    as every corpus is, gives the corpus --mono of the same file gives."""
+    import yaml
+
+    monkeypatch.setenv("NMT_CACHE", str(tmp_path / "cache"))
+    mirror = tmp_path / "mirror"
+    specs = write_mirror(mirror)
+    rng = random.Random(4)
+    text = "".join(sentence(rng) + "\n" for _ in range(30))  # xx: what the reverse model (xx->yy) reads
+    (mirror / "mono.xx").write_text(text)
+    mono = {"url": "http://127.0.0.1/data/mono.xx", "sha256": hashlib.sha256(text.encode()).hexdigest()}
+    raw = bt_recipe(specs, mono)
+    raw["data"]["src_lang"], raw["data"]["tgt_lang"] = "yy", "xx"
+    for section in ("train", "valid", "test"):
+        for corpus in raw["data"][section]:
+            corpus["src"], corpus["tgt"] = corpus["tgt"], corpus["src"]
+    recipe = tmp_path / "yy-xx-bt.yaml"
+    recipe.write_text(yaml.safe_dump(raw))
+    reverse_model = synthetic_run / "checkpoints" / "best.pt"
+    args = ("-r", reverse_model, "--method", "greedy", "-w", tmp_path / "w")
+    got = cli("backtranslate", recipe, *args, "-o", tmp_path / "a", "--mirror", mirror)
+    assert got.returncode == 0, got.stderr
+    want = cli("backtranslate", *args, "--mono", mirror / "mono.xx", "-o", tmp_path / "b")
+    assert want.returncode == 0, want.stderr
+    for lang in ("xx", "yy"):
+        assert (tmp_path / f"a.{lang}").read_text() == (tmp_path / f"b.{lang}").read_text() != ""
+    (mirror / "mono.xx").write_text(text + "one more line\n")  # the mirror's copy is not the recipe's
+    bad = cli("backtranslate", recipe, *args, "-o", tmp_path / "c", "--mirror", mirror)
+    assert bad.returncode == 2
+    one_error_line(bad.stderr, "mono.xx")
+    assert not (tmp_path / "c.work").exists()
