@@ -123,6 +123,9 @@ WORKDIR_OUTPUTS = (
     "results.json",
     "metrics.jsonl",
     "train.log",
+    "bitext",  # a back-translation recipe's (nmt.pipeline): its bitext, reverse model and synthetic corpus
+    "reverse",
+    "backtranslate",
 )
 
 

@@ -853,7 +853,19 @@ def run(
     from nmt.pipeline import run_pipeline
 
     cfg = load_config(recipe, _overrides(overrides, init_from), checkpoint_config)
-    run_pipeline(cfg, _workdir(recipe, workdir, cfg.data.init_from), mirror=mirror, console=err)
+    run_pipeline(cfg, _workdir(recipe, workdir, *_run_inputs(cfg)), mirror=mirror, console=err)
+
+
+def _run_inputs(cfg) -> list[Path]:
+    """The files `nmt run` reads that a user may have put in a work directory: a checkpoint to start from,
+    a back-translation recipe's reverse model and its monolingual text where given as local files."""
+    from nmt.data.fetch import is_url
+
+    inputs = [cfg.data.init_from]
+    bt = cfg.data.backtranslate
+    if bt is not None:
+        inputs += [bt.reverse, *(Path(f.url) for f in bt.mono if not is_url(f.url))]
+    return [Path(p) for p in inputs if p is not None]
 
 
 @app.command(cls=Command)

@@ -249,3 +249,53 @@ def test_nmt_backtranslate_reads_the_recipes_monolingual_text_through_the_mirror
     assert bad.returncode == 2
     one_error_line(bad.stderr, "mono.xx")
     assert not (tmp_path / "c.work").exists()
+
+
+def test_a_reverse_model_in_the_work_directory_is_refused_before_anything_is_written(setup, tmp_path):
+    import yaml
+
+    _, raw, mirror = setup
+    work = tmp_path / "w"
+    for inside in ("reverse/checkpoints/average.pt", "checkpoints/average.pt", "backtranslate/r.pt"):
+        reverse_model = work / inside
+        reverse_model.parent.mkdir(parents=True, exist_ok=True)
+        reverse_model.write_bytes(b"a checkpoint")
+        raw["data"]["backtranslate"]["reverse"] = str(reverse_model)
+        recipe = tmp_path / "bt.yaml"
+        recipe.write_text(yaml.safe_dump(raw))
+        result = cli("run", recipe, "-w", work, "--mirror", mirror)
+        assert result.returncode == 2, result.stderr
+        one_error_line(result.stderr, str(work), "--workdir")
+        assert reverse_model.read_bytes() == b"a checkpoint"
+        assert not (work / "bitext").exists() and not (work / "data").exists()
+
+
+@pytest.mark.slow  # two small trainings
+def test_a_given_reverse_model_is_used_and_its_vocabulary_becomes_the_recipes(
+    tmp_path, monkeypatch, synthetic_run, one_torch_thread
+):
+    """data.backtranslate.reverse: no reverse model is trained; the given one's SentencePiece model is the
+    one every model of the run has. Without <BT> in it, tagged back-translation is refused in one line."""
+    monkeypatch.setenv("NMT_CACHE", str(tmp_path / "cache"))
+    mirror = tmp_path / "mirror"
+    specs = write_mirror(mirror)
+    rng = random.Random(4)
+    text = "".join(sentence(rng) + "\n" for _ in range(40))  # xx: what the reverse model (xx->yy) reads
+    (mirror / "mono.xx").write_text(text)
+    mono = {"url": "http://127.0.0.1/data/mono.xx", "sha256": hashlib.sha256(text.encode()).hexdigest()}
+    reverse_model = synthetic_run / "checkpoints" / "best.pt"
+    raw = bt_recipe(specs, mono, reverse=str(reverse_model), baseline=False)
+    raw["data"]["src_lang"], raw["data"]["tgt_lang"] = "yy", "xx"
+    for section in ("train", "valid", "test"):
+        for corpus in raw["data"][section]:
+            corpus["src"], corpus["tgt"] = corpus["tgt"], corpus["src"]
+    with pytest.raises(ConfigError, match=r"^data.backtranslate.reverse: .* has no <BT> in its vocabulary"):
+        run_pipeline(config_from_dict(raw), tmp_path / "tagged", mirror=str(mirror), console=QUIET)
+    raw["data"]["backtranslate"]["tag"] = False
+    work = tmp_path / "w"
+    results = run_pipeline(config_from_dict(raw), work, mirror=str(mirror), console=QUIET)
+    assert not (work / "reverse").exists()
+    given = load_checkpoint(reverse_model).subword_proto
+    assert load_checkpoint(work / "checkpoints" / "average.pt").subword_proto == given
+    assert results["backtranslation"]["pairs"] > 0 and not results["backtranslation"]["tagged"]
+    assert "## Back-translation" in (work / "results.md").read_text()

@@ -100,7 +100,7 @@ def test_int8_translations_score_as_fp32s(synthetic_run: Path):
 
 def test_nmt_serve_loads_int8(synthetic_run: Path):
     pytest.importorskip("uvicorn", reason="nmt serve needs its extra: pip install 'nmt[serve]'")
-    from .test_serve import Server
+    from .servers import Server
 
     server = Server(synthetic_run / "checkpoints" / "best.pt", "--dtype", "int8", "--device", "cpu")
     try:

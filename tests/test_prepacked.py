@@ -160,7 +160,7 @@ def test_translations_are_the_trained_models(synthetic_run: Path):
 
 def test_nmt_serve_says_it_prepacked_the_decoder(synthetic_run: Path):
     pytest.importorskip("uvicorn", reason="nmt serve needs its extra: pip install 'nmt[serve]'")
-    from .test_serve import Server
+    from .servers import Server
 
     server = Server(synthetic_run / "checkpoints" / "best.pt", "--device", "cpu")
     try:

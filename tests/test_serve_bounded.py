@@ -22,7 +22,7 @@ from nmt.sentences import sentence_spans  # noqa: E402
 from nmt.serve.detect import Detector  # noqa: E402
 from nmt.serve.markup import Document  # noqa: E402
 
-from .test_serve import Server, libre  # noqa: E402
+from .servers import Server, libre  # noqa: E402
 
 TIMEOUT = 20  # the server's --timeout: every answer comes within it (and a margin for a busy machine)
 REFERENCES = "..[111 111 111 111 111 111 111 111 111 111 111]"  # pysbd issue #79: hours before

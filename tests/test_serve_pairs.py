@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import cli, one_error_line, sentences
-from .test_serve import Server
+from .servers import Server
 
 pytest.importorskip("uvicorn", reason="nmt serve needs its extra: pip install 'nmt[serve]'")
 

@@ -17,7 +17,7 @@ pytest.importorskip("hypothesis", reason="property tests: pip install hypothesis
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from .test_serve import Server  # noqa: E402
+from .servers import Server  # noqa: E402
 
 # Bounded: the whole file in well under a minute on 2 cores, the shared trained model aside.
 EXAMPLES = settings(

@@ -12,7 +12,7 @@ from nmt.serve.markup import Document
 from nmt.translate.terminology import glossary_of
 
 from .conftest import sentences
-from .test_serve import Server, libre
+from .servers import Server, libre
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -178,7 +178,7 @@ def test_serve_with_shortlist_refuses_a_checkpoint_without_one_before_listening(
 
 
 def test_serve_with_shortlist_answers_over_each_sentences_set(shortlisted: dict[str, Path]):
-    from .test_serve import Server, libre  # skips without the serve extra
+    from .servers import Server, libre
 
     server = Server(shortlisted["tight"], "--shortlist", "--device", "cpu")
     try:
