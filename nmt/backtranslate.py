@@ -65,6 +65,7 @@ class BacktranslateOptions:
     vocab: Path | None = None  # the forward recipe's SentencePiece model the reverse model must have
     direction: tuple[str, str] | None = None  # the forward recipe's (source, target)
     inputs: tuple[Path, ...] = ()  # other files read (the recipe), never written over
+    recipe: bool = False  # run by `nmt run` of a back-translation recipe: errors name its keys
 
     @property
     def workdir(self) -> Path:
@@ -210,16 +211,31 @@ NAMES = {
 }
 
 
+# The same, as a back-translation recipe (nmt.pipeline) sets them
+RECIPE_NAMES = {
+    "reverse_sha256": "the reverse model (data.backtranslate.reverse, or reverse/ trained further)",
+    "mono_sha256": "data.backtranslate.mono",
+    "languages": "data.src_lang/tgt_lang",
+}
+
+
 def check_settings(opts: BacktranslateOptions, now: dict) -> None:
     """The first run records its settings; a later one must match them (one line names the first that
     differs), since the chunks translated so far were made with them."""
     key = changed_setting(opts.workdir / "settings.json", now)
-    if key is not None:
-        name = NAMES.get(key, f"--{key.replace('_', '-')}")
+    if key is None:
+        return
+    if opts.recipe:
+        name = RECIPE_NAMES.get(key, f"data.backtranslate.{key}")
         raise ConfigError(
-            f"{opts.workdir}: back-translated so far with other settings ({name} differs); run with the "
-            "same ones to continue, or write to another -o"
+            f"{opts.workdir}: back-translated so far with other settings ({name} differs); restore them "
+            f"to continue, or remove {opts.output.parent} to back-translate again"
         )
+    name = NAMES.get(key, f"--{key.replace('_', '-')}")
+    raise ConfigError(
+        f"{opts.workdir}: back-translated so far with other settings ({name} differs); run with the "
+        "same ones to continue, or write to another -o"
+    )
 
 
 def backtranslate(opts: BacktranslateOptions, console: Console | None = None) -> dict:

@@ -90,6 +90,10 @@ class BacktranslateConfig:
     # recipe's train.max_minutes).
     reverse: str | None = None
     reverse_minutes: float | None = None
+    # The forward model (and the bitext-only one) start from the reverse model's weights rather than at
+    # random: a parent model of the opposite direction, with the same joint vocabulary, still helps its
+    # child (Kocmi and Bojar, 2018), and the minutes the reverse model trained are not lost to it.
+    warm_start: bool = False
     # Also train the recipe without the synthetic corpus (bitext only, the same minutes and vocabulary),
     # and show it beside the forward model in results.md: the ablation that says what the corpus gave.
     baseline: bool = False

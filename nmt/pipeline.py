@@ -55,11 +55,13 @@ def run_pipeline(
     if bt is None:
         return run_steps(cfg, workdir, mirror, console)
     forward, subword, bitext_subword, info = backtranslated(cfg, workdir, mirror, console)
+    start = forward.data.init_from  # the reverse model, with data.backtranslate.warm_start
     results = run_steps(forward, workdir, mirror, console, subword=subword)
     results["backtranslation"] = {
         "method": bt.method,
         "tagged": bt.tag,
         "weight": bt.weight,
+        "warm_start": start,
         "translated": info["translated"],
         "pairs": info["pairs"],
         "removed": info["removed"],
@@ -68,7 +70,12 @@ def run_pipeline(
     write_results(workdir, results)
     if bt.baseline:
         console.rule("[bold]bitext only: the recipe without the synthetic corpus")
-        base = run_steps(cfg, workdir / "bitext", mirror, console, subword=bitext_subword)
+        bitext = cfg
+        if start is not None:  # from the same weights: what the synthetic pairs add, and nothing else
+            bitext = dataclasses.replace(
+                cfg, data=dataclasses.replace(cfg.data, init_from=start, backtranslate=None)
+            )
+        base = run_steps(bitext, workdir / "bitext", mirror, console, subword=bitext_subword)
         results["bitext_only"] = {
             "workdir": str(workdir / "bitext"),
             "training": base["training"],
@@ -124,6 +131,7 @@ def backtranslated(
             max_lines=bt.max_lines,
             vocab=vocab,
             direction=(src_lang, tgt_lang),
+            recipe=True,
         ),
         console,
     )
@@ -135,8 +143,12 @@ def backtranslated(
         weight=bt.weight,
     )
     # The forward recipe: the synthetic corpus is one of its training corpora now, tagged if it is
+    init_from = str(reverse_model) if bt.warm_start else None
     forward = dataclasses.replace(
-        cfg, data=dataclasses.replace(cfg.data, train=(*cfg.data.train, synthetic), backtranslate=None)
+        cfg,
+        data=dataclasses.replace(
+            cfg.data, train=(*cfg.data.train, synthetic), backtranslate=None, init_from=init_from
+        ),
     )
     return forward, subword, given, info
 
@@ -367,6 +379,8 @@ def backtranslation_lines(results: dict) -> list[str]:
         f"{'tagged' if bt['tagged'] else 'untagged'}, weight {bt['weight']:g}; removed: {removed}), "
         f"back-translated in {bt['seconds']:,} s.",
     ]
+    if bt.get("warm_start"):
+        lines += ["", f"The forward model started from the reverse model's weights (`{bt['warm_start']}`)."]
     base = results.get("bitext_only")
     if base is None:
         lines += ["", "The recipe without them (bitext only) was not trained: data.backtranslate.baseline."]
@@ -374,8 +388,9 @@ def backtranslation_lines(results: dict) -> list[str]:
     t = base["training"]
     lines += [
         "",
-        f"Against the same recipe without the synthetic corpus (bitext only, the same vocabulary and "
-        f"budget; {t.get('updates')} updates in {t.get('minutes')} min, `{base['workdir']}`):",
+        f"Against the same recipe without the synthetic corpus (bitext only, the same vocabulary, "
+        f"budget{' and starting weights' if bt.get('warm_start') else ''}; {t.get('updates')} updates in "
+        f"{t.get('minutes')} min, `{base['workdir']}`):",
         "",
         "| test set | with back-translation: BLEU / chrF | bitext only: BLEU / chrF | BLEU difference |",
         "| --- | --- | --- | --- |",

@@ -4,6 +4,7 @@ step, it resumes to the same synthetic corpus and the same final weights."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import random
@@ -175,6 +176,14 @@ def test_a_backtranslation_recipe_killed_in_each_step_ends_as_an_uninterrupted_r
         assert same_weights(got.pop(key), expected.pop(key)), key
     assert got == expected
 
+    # Another method on resume would mix two corpora: one line naming the recipe's key, nothing changed
+    other = dataclasses.replace(
+        cfg.data, backtranslate=dataclasses.replace(cfg.data.backtranslate, method="beam")
+    )
+    with pytest.raises(ConfigError, match=r"data\.backtranslate\.method differs\); restore them"):
+        run_pipeline(dataclasses.replace(cfg, data=other), resumed, mirror=mirror, console=QUIET)
+    assert outcome(resumed)["synthetic"] == expected["synthetic"]
+
 
 def test_a_backtranslation_recipe_is_checked_once_in_one_line(setup, tmp_path):
     _, raw, _ = setup
@@ -299,3 +308,30 @@ def test_a_given_reverse_model_is_used_and_its_vocabulary_becomes_the_recipes(
     assert load_checkpoint(work / "checkpoints" / "average.pt").subword_proto == given
     assert results["backtranslation"]["pairs"] > 0 and not results["backtranslation"]["tagged"]
     assert "## Back-translation" in (work / "results.md").read_text()
+
+
+def first_loss(workdir) -> float:
+    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    return next(r["loss"] for r in rows if r["kind"] == "train")
+
+
+@pytest.mark.slow  # six small trainings
+def test_warm_start_begins_the_forward_and_bitext_models_at_the_reverse_models_weights(
+    setup, tmp_path, one_torch_thread
+):
+    """The reversal task is its own reverse: forward and bitext-only models that start from the reverse
+    model's weights begin below where the same models begin from random weights; both start alike, so
+    their comparison is of the synthetic pairs alone."""
+    cfg, _, mirror = setup
+    bt = dataclasses.replace(cfg.data.backtranslate, warm_start=True)
+    warm = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, backtranslate=bt))
+    work, cold = tmp_path / "warm", tmp_path / "cold"
+    results = run_pipeline(warm, work, mirror=mirror, console=QUIET)
+    run_pipeline(cfg, cold, mirror=mirror, console=QUIET)
+    reverse_model = work / "reverse" / "checkpoints" / "average.pt"
+    assert results["backtranslation"]["warm_start"] == str(reverse_model)
+    for model in (".", "bitext"):
+        started = load_checkpoint(work / model / "checkpoints" / "average.pt").config.data.init_from
+        assert started == str(reverse_model), model
+        assert first_loss(work / model) < first_loss(cold / model) - 0.2, model
+    assert "started from the reverse model's weights" in (work / "results.md").read_text()
