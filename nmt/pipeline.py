@@ -31,8 +31,8 @@ from rich.console import Console
 from rich.table import Table
 
 from nmt.atomic import write_text
-from nmt.checkpoint import average_last, checkpoint_subword
-from nmt.config import Config, CorpusSpec, FileSpec
+from nmt.checkpoint import average_last, checkpoint_config, checkpoint_subword
+from nmt.config import REGULARIZATION, Config, CorpusSpec, FileSpec, config_to_dict
 from nmt.data.corpora import files_text
 from nmt.data.fetch import file_digest
 from nmt.data.preprocess import corpus_key, preprocess, test_text
@@ -117,6 +117,15 @@ def backtranslated(
         preprocess(rev, workdir / "reverse", mirror=mirror, console=console, subword=subword)
         train(rev, workdir / "reverse", console=console)
         reverse_model = average_last(rev, workdir / "reverse" / "checkpoints", console)
+    if bt.warm_start:  # checked before back-translating: one line, not a load_state_dict error later
+        mine, theirs = config_to_dict(cfg)["model"], checkpoint_config(reverse_model)["model"]
+        # dropouts shape training, not the weights: a fine-tuning recipe may change them too
+        key = next((k for k in mine if k not in REGULARIZATION and mine[k] != theirs.get(k)), None)
+        if key is not None:
+            raise ConfigError(
+                f"data.backtranslate.warm_start: {reverse_model} has model.{key} {theirs.get(key)!r}, the "
+                f"recipe {mine[key]!r}; the forward model can start from a reverse model of its own shape"
+            )
     console.rule("[bold]backtranslate: the monolingual text into synthetic sources")
     src_lang, tgt_lang = cfg.data.src_lang, cfg.data.tgt_lang
     output = workdir / "backtranslate" / bt.name

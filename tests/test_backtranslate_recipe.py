@@ -301,6 +301,13 @@ def test_a_given_reverse_model_is_used_and_its_vocabulary_becomes_the_recipes(
     with pytest.raises(ConfigError, match=r"^data.backtranslate.reverse: .* has no <BT> in its vocabulary"):
         run_pipeline(config_from_dict(raw), tmp_path / "tagged", mirror=str(mirror), console=QUIET)
     raw["data"]["backtranslate"]["tag"] = False
+    raw["data"]["backtranslate"]["warm_start"] = True  # the given model is of another shape
+    shape = r"^data.backtranslate.warm_start: .* has model\.\w+ .*, the recipe"
+    with pytest.raises(ConfigError, match=shape):
+        run_pipeline(config_from_dict(raw), tmp_path / "warm", mirror=str(mirror), console=QUIET)
+    assert not (tmp_path / "warm" / "checkpoints").exists()
+    assert not (tmp_path / "warm" / "backtranslate").exists()  # refused before back-translating
+    raw["data"]["backtranslate"]["warm_start"] = False
     work = tmp_path / "w"
     results = run_pipeline(config_from_dict(raw), work, mirror=str(mirror), console=QUIET)
     assert not (work / "reverse").exists()
