@@ -25,9 +25,11 @@ import errno
 import os
 import re
 import shutil
+import signal
 import stat
 import sys
 import tempfile
+import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
@@ -247,25 +249,52 @@ def atomic_replace(path: Path | str) -> Iterator[Path]:
     if in_place(path):
         raise OutputError(f"{path}: not a regular file; it cannot be replaced by one")
     path = Path(os.path.realpath(path))
-    with reported(path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            os.fchmod(fd, file_mode())  # mkstemp's 0600 would hide translations and models from the group
-        finally:
-            os.close(fd)
-    tmp = Path(name)
+    tmp = None
     try:
+        with reported(path):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with signals_deferred():  # a signal now would leave a file nobody knows the name of
+                fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+                tmp = Path(name)
+            try:
+                os.fchmod(fd, file_mode())  # mkstemp's 0600 would hide translations and models from the group
+            finally:
+                os.close(fd)
         with reported(path, WRITE_ERRNOS):
             yield tmp
         with reported(path):
             _fsync(tmp)
             os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
         raise
     with reported(path):
         fsync_dir(path.parent)
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP held back for the block and handled as it ends: a temporary name is
+    created and recorded together, so the cleanup that follows always knows what to remove. Python runs
+    handlers in the main thread whichever thread the kernel chose, so they are held at Python's level
+    (a signal mask would only cover this thread); elsewhere than the main thread nothing is held."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[tuple[int, object]] = []
+    previous = {}
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        handler = signal.getsignal(signum)
+        if callable(handler):  # ours, or Python's KeyboardInterrupt: worth holding back
+            previous[signum] = signal.signal(signum, lambda n, frame: caught.append((n, frame)))
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum, frame in caught[:1]:  # the first: it ends the command, as it would have
+            previous[signum](signum, frame)
 
 
 @contextlib.contextmanager
@@ -277,8 +306,11 @@ def atomic_folder(output: Path) -> Iterator[Path]:
         raise OutputError(f"{output}: not a folder; write the export to a new or an exported folder")
     with reported(output):
         output.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    staging = None
     try:
+        # the staging folder's name recorded before a signal may interrupt
+        with reported(output), signals_deferred():
+            staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
         folder = staging / "folder"
         with reported(output, WRITE_ERRNOS):
             try:
@@ -303,7 +335,8 @@ def atomic_folder(output: Path) -> Iterator[Path]:
             os.replace(folder, output)
             fsync_dir(output.parent)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def in_place(path: Path | str) -> bool:

@@ -39,3 +39,39 @@ def test_link_or_copy_points_a_second_name_at_the_same_bytes(tmp_path):
         "best.pt",
         "step-10.pt",
     ]
+
+
+@pytest.mark.parametrize("maker", ["mkstemp", "mkdtemp"])
+def test_a_signal_as_the_temporary_name_is_made_leaves_nothing_behind(tmp_path, monkeypatch, maker):
+    """SIGTERM delivered the moment the temporary file (or an export's staging folder) exists: without the
+    signals held back until its name is recorded, the exception left it behind, as a loaded CI machine
+    showed (tests/test_output_guard.py, a signal mid-translation)."""
+    import os
+    import signal
+    import tempfile
+
+    from nmt.atomic import atomic_folder
+    from nmt.errors import Signalled
+
+    def handler(signum, frame):
+        raise Signalled(signum)
+
+    real = getattr(tempfile, maker)
+
+    def made_then_signalled(*args, **kwargs):
+        made = real(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)  # handled at once, unless held back
+        return made
+
+    monkeypatch.setattr(tempfile, maker, made_then_signalled)
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        with pytest.raises(Signalled):
+            if maker == "mkstemp":
+                write_text(tmp_path / "out.txt", "new\n")
+            else:
+                with atomic_folder(tmp_path / "export") as folder:
+                    folder.mkdir()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert os.listdir(tmp_path) == []
