@@ -19,11 +19,11 @@ trained in bitext/ as well, and results.md shows it beside the forward model.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import platform
 import re
-import time
 from pathlib import Path
 
 import torch
@@ -43,7 +43,8 @@ from nmt.score import corpus_scores, language_share, read_lines
 from nmt.subword import Subword
 from nmt.train import train
 from nmt.train.monitor import training_summary
-from nmt.translate import LineTranslator, build_translator
+from nmt.translate import build_translator
+from nmt.translate.testset import translate_test_file
 
 
 def run_pipeline(
@@ -212,12 +213,20 @@ def run_steps(
     model_path = average_last(cfg, ckpt_dir, console)
 
     console.rule("[bold]4. translate")
-    # The same loading and defaults as `nmt translate -m average.pt`, so both give the same lines.
+    # The same loading and defaults as `nmt translate -m average.pt`, so both give the same lines; loaded
+    # once, and only where a test set is not translated by this model yet.
     device = resolve_device(cfg.train.device, key="train.device")
-    translator = build_translator(model_path, device=device, console=console, command="nmt run").translator
+    build = functools.cache(
+        lambda: build_translator(model_path, device=device, console=console, command="nmt run")
+    )
     speeds = {}
     for corpus in cfg.data.test:
-        speeds[corpus] = translate_test_set(cfg, workdir, corpus, translator, model_path, console)
+        src = test_text(workdir / "data", cfg.data, corpus)[0]
+        out = translation_path(cfg, workdir, corpus)
+        tag = cfg.data.target_tag(cfg.data.direction(corpus)[1])
+        name = corpus_key(cfg.data, corpus)
+        info = translate_test_file(src, out, model_path, build, tag, console=console, name=name)
+        speeds[corpus] = info["speed"]
 
     console.rule("[bold]5. score")
     results = {
@@ -256,45 +265,6 @@ def run_steps(
 def translation_path(cfg: Config, workdir: Path, corpus: CorpusSpec) -> Path:
     """translations/<name>.<tgt>, or with several directions translations/<name>.<src>-<tgt>.<tgt>."""
     return workdir / "translations" / test_text(workdir / "data", cfg.data, corpus)[1].name
-
-
-def translate_test_set(
-    cfg: Config,
-    workdir: Path,
-    corpus: CorpusSpec,
-    translator: LineTranslator,
-    model_path: Path,
-    console: Console,
-) -> dict:
-    name = corpus_key(cfg.data, corpus)
-    src_path = test_text(workdir / "data", cfg.data, corpus)[0]
-    out = translation_path(cfg, workdir, corpus)
-    tag = cfg.data.target_tag(cfg.data.direction(corpus)[1])
-    meta = out.with_name(out.name + ".json")
-    if (
-        out.exists()
-        and meta.exists()
-        and json.loads(meta.read_text()).get("model_mtime") == model_path.stat().st_mtime
-    ):
-        console.print(f"translate {name}: already done ({out})")
-        return json.loads(meta.read_text())["speed"]
-    lines = read_lines(src_path)
-    start = time.perf_counter()
-    hyps = translator.translate(lines, target=tag)
-    seconds = time.perf_counter() - start
-    tokens = sum(
-        len(ids) + 1 for ids in translator.subword.encode_target(hyps)
-    )  # + EOS, as the decoder emitted
-    speed = {
-        "sentences": len(lines),
-        "seconds": round(seconds, 2),
-        "sentences_per_s": round(len(lines) / seconds, 1),
-        "target_tokens_per_s": round(tokens / seconds, 1),
-    }
-    write_text(out, "".join(h + "\n" for h in hyps))
-    write_text(meta, json.dumps({"model_mtime": model_path.stat().st_mtime, "speed": speed}))
-    console.print(f"translate {name}: {len(lines)} lines in {seconds:.1f} s -> {out}")
-    return speed
 
 
 def compound_split_bleu(hyps: list[str], refs: list[str]) -> float:

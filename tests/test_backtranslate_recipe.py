@@ -157,7 +157,7 @@ def test_a_backtranslation_recipe_killed_in_each_step_ends_as_an_uninterrupted_r
             "forward train",
             lambda m: kill_after(m, nmt.train.loop, "save_training_checkpoint", under("checkpoints")),
         ),
-        ("translate", lambda m: kill_after(m, nmt.pipeline, "translate_test_set")),
+        ("translate", lambda m: kill_after(m, nmt.pipeline, "translate_test_file")),
         (
             "baseline train",
             lambda m: kill_after(m, nmt.train.loop, "save_training_checkpoint", under("bitext")),

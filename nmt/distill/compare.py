@@ -10,9 +10,10 @@ killed comparison continues where it stopped (and one of a model since trained f
 
 from __future__ import annotations
 
+import functools
 import json
-import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -23,6 +24,8 @@ from nmt import atomic
 from nmt.config import Config, DecodeOverrides, Engine, Precision
 from nmt.formats.export import exported
 from nmt.score import corpus_scores, read_lines
+from nmt.translate import BuiltTranslator, build_translator
+from nmt.translate.testset import translate_test_file
 
 LATENCY_LINES = 100
 
@@ -73,30 +76,12 @@ def compare(
             if engine is Engine.CTRANSLATE2:
                 model = exported(model, workdir / "export" / f"{name}-ctranslate2", console)
             label = f"{name}-{engine}-{precision}-beam{beam}"
-            built = None
+            build = system_translator(model, beam, engine, precision, cfg.train.device, label, console)
             for test, ref in refs.items():
+                src = workdir / "data" / "test" / f"{test}.{cfg.data.src_lang}"
                 out = workdir / "translations" / label / f"{test}.{cfg.data.tgt_lang}"
-                meta = out.with_name(out.name + ".json")
-                mtime = Path(model_path).stat().st_mtime
-                if not (out.exists() and meta.exists() and read_json(meta).get("model_mtime") == mtime):
-                    if built is None:
-                        from nmt.translate import build_translator
-
-                        built = build_translator(
-                            model,
-                            DecodeOverrides.given(beam=beam),
-                            cfg.train.device,
-                            precision,
-                            engine,
-                            console,
-                            command="nmt distill",
-                        )
-                        console.print(f"compare: {label} ({built.describe()})", highlight=False)
-                    src = read_lines(workdir / "data" / "test" / f"{test}.{cfg.data.src_lang}")
-                    speed = timed(built.translator, src, out)
-                    info = {"speed": speed, "precision": built.precision, "model_mtime": mtime}
-                    atomic.write_text(meta, json.dumps(info) + "\n")
-                info = read_json(meta)
+                # the checkpoint's mtime names the model, for its CTranslate2 export too
+                info = translate_test_file(src, out, model_path, build, latency_lines=LATENCY_LINES)
                 scores = corpus_scores(read_lines(out), [ref], ("bleu", "chrf"))
                 rows.append(
                     {
@@ -124,26 +109,26 @@ def compare(
     return results
 
 
-def read_json(path: Path) -> dict:
-    return json.loads(path.read_text(encoding="utf-8"))
+def system_translator(
+    model: Path | str,
+    beam: int,
+    engine: Engine,
+    precision: Precision,
+    device: str,
+    label: str,
+    console: Console,
+) -> Callable[[], BuiltTranslator]:
+    """The translator of one system, built on the first call (only where some test set needs it)."""
 
+    @functools.cache
+    def build() -> BuiltTranslator:
+        built = build_translator(
+            model, DecodeOverrides.given(beam=beam), device, precision, engine, console, command="nmt distill"
+        )
+        console.print(f"compare: {label} ({built.describe()})", highlight=False)
+        return built
 
-def timed(translator, src: list[str], out: Path) -> dict:
-    """Translate `src` batched into `out`, then time the first LATENCY_LINES lines one at a time."""
-    start = time.perf_counter()
-    hyps = translator.translate(src)
-    seconds = time.perf_counter() - start
-    atomic.write_text(out, "".join(h + "\n" for h in hyps))
-    latencies = []
-    for line in [s for s in src if s.strip()][:LATENCY_LINES]:
-        start = time.perf_counter()
-        translator.translate([line])
-        latencies.append(time.perf_counter() - start)
-    return {
-        "sentences": len(src),
-        "sentences_per_s": round(len(src) / seconds, 1),
-        "latency_ms": round(1000 * statistics.median(latencies), 1) if latencies else None,
-    }
+    return build
 
 
 def write_results(workdir: Path, results: dict) -> None:

@@ -3,7 +3,8 @@
 frontend (the line contract: clean, cut, encode, batch by cost, detokenize), builder (a translator from
 the user's choices: models, engine, device, precision, glossary, workers; for `nmt translate`, `nmt serve`,
 `nmt run` and validation), stream (`nmt translate`'s files and stdin), chunks (a long input in saved,
-resumable chunks: `nmt distill`'s teacher, `nmt backtranslate`), split (--split-sentences), workers
+resumable chunks: `nmt distill`'s teacher, `nmt backtranslate`), testset (a test set translated once
+per model, timed and recorded: `nmt run`, `nmt distill`), split (--split-sentences), workers
 (--workers: the plan and the worker processes), search (greedy, beam, sampling over the decoder contract;
 Beams, the beam state), constraints (constrained beam search), terminology (glossaries and avoid lists:
 text -> constraints), torch_engine and ctranslate2_engine (subword ids in, hypotheses out), ensemble
