@@ -1,5 +1,6 @@
 """Shared fixtures: the Multi30k mirror (or a skip that says how to enable it), one trained model, one tiny
-random checkpoint; and the helpers several test files use (sentences, the CLI in-process, one error line)."""
+random checkpoint; and the helpers several test files use (sentences, the CLI in-process, one error line,
+a kill after a function's work)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,23 @@ def one_error_line(stderr: str | bytes, *names: str) -> str:
     for name in names:
         assert name in lines[0], (name, lines[0])
     return lines[0]
+
+
+class Killed(BaseException):
+    """Stands for a kill: not an Exception, so nothing on the way catches it."""
+
+
+def kill_after(monkeypatch, module, name, when=lambda *a, **k: True):
+    """Make `module.name` do its work, then die (when `when` holds for its arguments)."""
+    original = getattr(module, name)
+
+    def dying(*args, **kwargs):
+        result = original(*args, **kwargs)
+        if when(*args, **kwargs):
+            raise Killed(name)
+        return result
+
+    monkeypatch.setattr(module, name, dying)
 
 
 @pytest.fixture(scope="module")

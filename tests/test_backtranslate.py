@@ -17,26 +17,10 @@ from nmt import atomic
 from nmt.backtranslate import MAX_LINE_BYTES, BacktranslateOptions, backtranslate, read_mono
 from nmt.errors import ConfigError, DataError, NmtError
 
-from .conftest import cli, one_error_line, sentences
+from .conftest import Killed, cli, kill_after, one_error_line, sentences
 from .synthetic import sentence
 
 QUIET = Console(file=StringIO())
-
-
-class Killed(BaseException):
-    """Stands for a kill: not an Exception, so nothing on the way catches it."""
-
-
-def kill_after(monkeypatch, module, name, when):
-    original = getattr(module, name)
-
-    def dying(*args, **kwargs):
-        result = original(*args, **kwargs)
-        if when(*args, **kwargs):
-            raise Killed(name)
-        return result
-
-    monkeypatch.setattr(module, name, dying)
 
 
 @pytest.fixture

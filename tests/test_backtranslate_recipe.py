@@ -26,27 +26,11 @@ from nmt.languages import BT_TAG
 from nmt.pipeline import reverse_config, run_pipeline
 from nmt.subword import Subword
 
-from .conftest import cli, one_error_line
+from .conftest import Killed, cli, kill_after, one_error_line
 from .synthetic import reverse, sentence
 from .test_distill import student_config, write_mirror
 
 QUIET = Console(file=StringIO())
-
-
-class Killed(BaseException):
-    """Stands for a kill: not an Exception, so nothing on the way catches it."""
-
-
-def kill_after(monkeypatch, module, name, when=lambda *a, **k: True):
-    original = getattr(module, name)
-
-    def dying(*args, **kwargs):
-        result = original(*args, **kwargs)
-        if when(*args, **kwargs):
-            raise Killed(name)
-        return result
-
-    monkeypatch.setattr(module, name, dying)
 
 
 def write_mono(folder, n=300, seed=11) -> dict:

@@ -25,6 +25,7 @@ from nmt.errors import ConfigError, DataError
 from nmt.train import dry_run
 from nmt.translate.chunks import chunk_path
 
+from .conftest import Killed, kill_after
 from .synthetic import reverse, sentence
 
 # ---- selection ------------------------------------------------------------------------------------------
@@ -170,23 +171,6 @@ def setup(tmp_path, monkeypatch, synthetic_run):
     teacher.write_bytes((synthetic_run / "checkpoints" / "best.pt").read_bytes())
     opts = DistillOptions(teacher=teacher, nbest=2, chunk_lines=50, filters=FilterSettings(worst_percent=5))
     return cfg, opts, str(mirror)
-
-
-class Killed(BaseException):
-    """Stands for a kill: not an Exception, so nothing on the way catches it."""
-
-
-def kill_after(monkeypatch, module, name, when=lambda *a, **k: True):
-    """Make `module.name` do its work, then die (when `when` holds for its arguments)."""
-    original = getattr(module, name)
-
-    def dying(*args, **kwargs):
-        result = original(*args, **kwargs)
-        if when(*args, **kwargs):
-            raise Killed(name)
-        return result
-
-    monkeypatch.setattr(module, name, dying)
 
 
 def outcome(workdir):
