@@ -33,12 +33,17 @@ from .test_distill import student_config, write_mirror
 QUIET = Console(file=StringIO())
 
 
+def mono_file(folder, name: str, text: str) -> dict:
+    """`text` written as folder/name, and the spec a recipe names it by through the mirror."""
+    path = folder / name
+    path.write_text(text)
+    return {"url": f"http://127.0.0.1/data/{name}", "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+
+
 def write_mono(folder, n=300, seed=11) -> dict:
     """Target-language (yy) text: reversed sentences, none of them a training target."""
     rng = random.Random(seed)
-    path = folder / "mono.yy"
-    path.write_text("".join(reverse(sentence(rng)) + "\n" for _ in range(n)))
-    return {"url": "http://127.0.0.1/data/mono.yy", "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    return mono_file(folder, "mono.yy", "".join(reverse(sentence(rng)) + "\n" for _ in range(n)))
 
 
 def bt_recipe(specs, mono, **backtranslate) -> dict:
@@ -47,6 +52,21 @@ def bt_recipe(specs, mono, **backtranslate) -> dict:
     raw["data"]["vocab_size"] = 32  # what the letters of the reversal task allow
     raw["data"]["backtranslate"] = {"mono": [mono], "max_lines": 250, "baseline": True, **backtranslate}
     return raw
+
+
+def swapped_recipe(mirror, lines: int, **backtranslate) -> tuple[dict, str]:
+    """A yy -> xx recipe (the reversal task's pairs swapped) under `mirror`, back-translating `lines`
+    lines of mono.xx: what a reverse model of the xx -> yy task (synthetic_run's) reads. Returns the
+    recipe and the monolingual text."""
+    specs = write_mirror(mirror)
+    rng = random.Random(4)
+    text = "".join(sentence(rng) + "\n" for _ in range(lines))
+    raw = bt_recipe(specs, mono_file(mirror, "mono.xx", text), **backtranslate)
+    raw["data"]["src_lang"], raw["data"]["tgt_lang"] = "yy", "xx"
+    for section in ("train", "valid", "test"):
+        for corpus in raw["data"][section]:
+            corpus["src"], corpus["tgt"] = corpus["tgt"], corpus["src"]
+    return raw, text
 
 
 @pytest.fixture
@@ -217,16 +237,7 @@ def test_nmt_backtranslate_reads_the_recipes_monolingual_text_through_the_mirror
 
     monkeypatch.setenv("NMT_CACHE", str(tmp_path / "cache"))
     mirror = tmp_path / "mirror"
-    specs = write_mirror(mirror)
-    rng = random.Random(4)
-    text = "".join(sentence(rng) + "\n" for _ in range(30))  # xx: what the reverse model (xx->yy) reads
-    (mirror / "mono.xx").write_text(text)
-    mono = {"url": "http://127.0.0.1/data/mono.xx", "sha256": hashlib.sha256(text.encode()).hexdigest()}
-    raw = bt_recipe(specs, mono)
-    raw["data"]["src_lang"], raw["data"]["tgt_lang"] = "yy", "xx"
-    for section in ("train", "valid", "test"):
-        for corpus in raw["data"][section]:
-            corpus["src"], corpus["tgt"] = corpus["tgt"], corpus["src"]
+    raw, text = swapped_recipe(mirror, 30)
     recipe = tmp_path / "yy-xx-bt.yaml"
     recipe.write_text(yaml.safe_dump(raw))
     reverse_model = synthetic_run / "checkpoints" / "best.pt"
@@ -271,17 +282,8 @@ def test_a_given_reverse_model_is_used_and_its_vocabulary_becomes_the_recipes(
     one every model of the run has. Without <BT> in it, tagged back-translation is refused in one line."""
     monkeypatch.setenv("NMT_CACHE", str(tmp_path / "cache"))
     mirror = tmp_path / "mirror"
-    specs = write_mirror(mirror)
-    rng = random.Random(4)
-    text = "".join(sentence(rng) + "\n" for _ in range(40))  # xx: what the reverse model (xx->yy) reads
-    (mirror / "mono.xx").write_text(text)
-    mono = {"url": "http://127.0.0.1/data/mono.xx", "sha256": hashlib.sha256(text.encode()).hexdigest()}
     reverse_model = synthetic_run / "checkpoints" / "best.pt"
-    raw = bt_recipe(specs, mono, reverse=str(reverse_model), baseline=False)
-    raw["data"]["src_lang"], raw["data"]["tgt_lang"] = "yy", "xx"
-    for section in ("train", "valid", "test"):
-        for corpus in raw["data"][section]:
-            corpus["src"], corpus["tgt"] = corpus["tgt"], corpus["src"]
+    raw, _ = swapped_recipe(mirror, 40, reverse=str(reverse_model), baseline=False)
     with pytest.raises(ConfigError, match=r"^data.backtranslate.reverse: .* has no <BT> in its vocabulary"):
         run_pipeline(config_from_dict(raw), tmp_path / "tagged", mirror=str(mirror), console=QUIET)
     raw["data"]["backtranslate"]["tag"] = False
