@@ -57,8 +57,7 @@ def run_pipeline(
         return run_steps(cfg, workdir, mirror, console)
     forward, subword, bitext_subword, info = backtranslated(cfg, workdir, mirror, console)
     start = forward.data.init_from  # the reverse model, with data.backtranslate.warm_start
-    results = run_steps(forward, workdir, mirror, console, subword=subword)
-    results["backtranslation"] = {
+    synthetic = {
         "method": bt.method,
         "tagged": bt.tag,
         "weight": bt.weight,
@@ -68,7 +67,9 @@ def run_pipeline(
         "removed": info["removed"],
         "seconds": info["seconds"],
     }
-    write_results(workdir, results)
+    results = run_steps(
+        forward, workdir, mirror, console, subword=subword, extra={"backtranslation": synthetic}
+    )
     if bt.baseline:
         console.rule("[bold]bitext only: the recipe without the synthetic corpus")
         bitext = cfg
@@ -198,7 +199,10 @@ def run_steps(
     mirror: str | None,
     console: Console,
     subword: bytes | None = None,
+    extra: dict | None = None,
 ) -> dict:
+    """The steps of `nmt run` from preprocessing to results.md/json; `extra`: more sections of the
+    results (a back-translation recipe's), written with them."""
     ckpt_dir = workdir / "checkpoints"
 
     console.rule("[bold]1. preprocess")
@@ -257,6 +261,7 @@ def run_steps(
                 entry["in_language"] = {"output": round(shares[0], 4), "reference": round(shares[1], 4)}
         entry["speed"] = speeds[corpus]
         results["tests"][corpus_key(cfg.data, corpus)] = entry
+    results.update(extra or {})
     write_results(workdir, results)
     show_results(results, console)
     return results
