@@ -32,6 +32,7 @@ from nmt.config import Engine, Precision
 from nmt.errors import ConfigError, Interrupted, NmtError, Signalled
 from nmt.formats import FORMATS
 from nmt.output import write_failed
+from nmt.serve.settings import ServeSettings
 
 OUTPUT_ERRNOS = (errno.EPIPE, errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EBADF)
 
@@ -190,6 +191,9 @@ def global_options(
 ) -> None:
     """Neural machine translation with the Transformer of 'Attention Is All You Need'."""
 
+
+# The defaults of the options that set a library's settings are that library's own.
+SERVE = ServeSettings()
 
 # ---- options that several commands take ---------------------------------------------------------------
 
@@ -651,8 +655,8 @@ def serve(
     ],
     host: Annotated[
         str, typer.Option(metavar="<address>", help="Address to listen on; 0.0.0.0 for every interface.")
-    ] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on; 0 picks a free one (printed).")] = 5000,
+    ] = SERVE.host,
+    port: Annotated[int, typer.Option(help="Port to listen on; 0 picks a free one (printed).")] = SERVE.port,
     max_batch_tokens: Annotated[
         int,
         typer.Option(
@@ -665,29 +669,33 @@ def serve(
     ] = None,
     batch_wait_ms: Annotated[
         float, typer.Option(help="How long the first request of a batch waits for others to join it.")
-    ] = 10.0,
-    max_chars: Annotated[int, typer.Option(help="Largest request, in characters of text.")] = 20000,
+    ] = SERVE.batch_wait_ms,
+    max_chars: Annotated[int, typer.Option(help="Largest request, in characters of text.")] = SERVE.max_chars,
     max_queue: Annotated[
         int, typer.Option(help="Source lines waiting for the model at most; more get 503 + Retry-After.")
-    ] = 100000,
+    ] = SERVE.max_queue,
     timeout: Annotated[
         float, typer.Option(help="Seconds a request may wait for its translation (504).")
-    ] = 60.0,
+    ] = SERVE.timeout,
     read_timeout: Annotated[
         float, typer.Option(help="Seconds to receive a request's headers, and again its body (408).")
-    ] = 10.0,
-    keep_alive: Annotated[float, typer.Option(help="Seconds an idle connection stays open.")] = 5.0,
-    max_connections: Annotated[int, typer.Option(help="Open connections at most; more get 503.")] = 1000,
+    ] = SERVE.read_timeout,
+    keep_alive: Annotated[
+        float, typer.Option(help="Seconds an idle connection stays open.")
+    ] = SERVE.keep_alive,
+    max_connections: Annotated[
+        int, typer.Option(help="Open connections at most; more get 503.")
+    ] = SERVE.max_connections,
     shutdown_timeout: Annotated[
         float, typer.Option(help="After SIGTERM/SIGINT, seconds to answer what is in flight before exiting.")
-    ] = 30.0,
+    ] = SERVE.shutdown_timeout,
     cors_origins: Annotated[
         str,
         typer.Option(
             metavar="<origins>",
             help="Origins whose pages may call the server, comma-separated (https://x.org); * any, '' none.",
         ),
-    ] = "*",
+    ] = SERVE.cors_origins,
     glossary: Annotated[
         Path | None,
         typer.Option(
@@ -722,14 +730,11 @@ def serve(
       -d '{"q": "A dog runs.", "glossary": [{"source": "dog", "target": "Hund"}]}'
     """
     from nmt.config import DecodeOverrides
-    from nmt.serve import ServeSettings
     from nmt.serve import serve as run_serve
 
-    if not 0 <= port <= 65535:
-        raise NmtError(f"--port {port}: must be between 0 and 65535")
     settings = ServeSettings(
-        batch_wait_ms=batch_wait_ms, max_chars=max_chars, max_queue=max_queue, timeout=timeout,
-        read_timeout=read_timeout, keep_alive=keep_alive, max_connections=max_connections,
+        host=host, port=port, batch_wait_ms=batch_wait_ms, max_chars=max_chars, max_queue=max_queue,
+        timeout=timeout, read_timeout=read_timeout, keep_alive=keep_alive, max_connections=max_connections,
         shutdown_timeout=shutdown_timeout, cors_origins=cors_origins,
     )  # fmt: skip
     # The batch budget is a decode setting, under nmt translate's name for it
@@ -740,7 +745,7 @@ def serve(
         batch_tokens=max_batch_tokens if old_max_batch_tokens is None else old_max_batch_tokens,
         shortlist=shortlist,
     )
-    run_serve(model, host, port, settings, overrides, device, dtype, err, engine, glossary=glossary)
+    run_serve(model, settings, overrides, device, dtype, err, engine, glossary=glossary)
 
 
 @app.command(name="shortlist", cls=Command)

@@ -133,7 +133,7 @@ def test_the_old_name_of_an_option_still_works(monkeypatch):
     monkeypatch.setattr(
         nmt.serve,
         "serve",
-        lambda model, host, port, settings, overrides, *a, **k: given.update(overrides.values),
+        lambda model, settings, overrides, *a, **k: given.update(overrides.values),
     )
     for option in ("--max-tokens", "--max-batch-tokens"):
         given.clear()

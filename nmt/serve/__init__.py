@@ -32,10 +32,6 @@ documents and markup (texts, HTML fragments and their tags), kept (translate="no
 "auto"), metrics, page.
 """
 
-from nmt.serve.batcher import Batcher
-from nmt.serve.http import serve
-from nmt.serve.markup import Document, tokens
-from nmt.serve.metrics import Metrics
 from nmt.serve.settings import HTTPError, ServeSettings
 
 __all__ = [
@@ -47,3 +43,22 @@ __all__ = [
     "serve",
     "tokens",
 ]
+
+
+def __getattr__(name: str):
+    """The server's parts, imported when first asked for: `nmt serve`'s options read ServeSettings from
+    here, and the CLI must not import torch (the worker's) to show its help."""
+    if name == "Batcher":
+        from nmt.serve.batcher import Batcher as found
+    elif name == "serve":
+        from nmt.serve.http import serve as found
+    elif name in ("Document", "tokens"):
+        from nmt.serve import markup
+
+        found = getattr(markup, name)
+    elif name == "Metrics":
+        from nmt.serve.metrics import Metrics as found
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = found
+    return found
