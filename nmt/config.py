@@ -301,6 +301,15 @@ class Engine(Choice):
 
 
 @dataclass(frozen=True)
+class ShortlistSizes:
+    """`nmt shortlist`'s counts (nmt.shortlist builds the sets): Bergamot's students use 100 and 50."""
+
+    frequent: int = 100  # the most frequent target pieces, always in the set
+    per_source: int = 50  # the likeliest target pieces of each source piece
+    iterations: int = 5  # EM iterations of IBM Model 1
+
+
+@dataclass(frozen=True)
 class DecodeOverrides:
     """Decode settings given on a command line (or in a request), to apply over a model's own.
 
