@@ -26,10 +26,10 @@ One server answers every pair of the models it is given (`-m` repeated), and eve
 several (a request's "target" picks its tag): each model has a worker of its own, so a long request to
 one pair never holds a request to another model's.
 
-Modules: settings (the limits), api (the request formats, validated and encoded), pairs (which model
-answers which pair), batcher (the model worker), http (uvicorn, the routes' errors, shutdown; `serve`),
-documents and markup (texts, HTML fragments and their tags), kept (translate="no" spans), detect (source
-"auto"), metrics, page.
+Modules: settings (where it listens, its limits), api (the request formats, validated and encoded), pairs
+(which model answers which pair), batcher (the model worker), http (uvicorn, the routes' errors, shutdown;
+`serve`), documents and markup (texts, HTML fragments and their tags), kept (translate="no" spans), detect
+(source "auto"), metrics, page.
 """
 
 from nmt.serve.settings import HTTPError, ServeSettings
