@@ -36,7 +36,7 @@ GPU_ENGINES = [("nmt", "bf16"), ("ctranslate2", "float16"), ("ctranslate2", "bfl
 def worker() -> None:
     """Load one engine, then answer commands on stdin (run, latency, quit) with one JSON line each."""
     job = json.loads(sys.stdin.readline())
-    from nmt.config import DecodeConfig
+    from nmt.config import DecodeConfig, Precision
 
     decode = DecodeConfig(**{**job["decode"], "shortlist": job["shortlist"]})
     if job["engine"] == "nmt":
@@ -51,7 +51,7 @@ def worker() -> None:
         device = torch.device(job["device"])
         model, subword, _ = load_model(Path(job["checkpoint"]), device)
         shortlist = load_shortlist(Path(job["checkpoint"])) if job["shortlist"] else None
-        model = inference_model(model, job["compute"], device)
+        model = inference_model(model, Precision(job["compute"]), device)
         translator = Translator(model, subword, decode, device, shortlist=shortlist)
     else:
         from nmt.translate import ctranslate2_translator

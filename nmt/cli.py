@@ -28,10 +28,13 @@ try:  # a recent typer carries its own copy of click, whose exceptions have no p
 except ImportError:  # an older typer over click itself
     from click.exceptions import NoArgsIsHelpError, UsageError
 
-from nmt.config import Engine, Precision
+from nmt.config import Engine, Precision, ShortlistSizes
+from nmt.data.filters import FilterSettings
+from nmt.distill.options import DistillOptions
 from nmt.errors import ConfigError, Interrupted, NmtError, Signalled
 from nmt.formats import FORMATS
 from nmt.output import write_failed
+from nmt.serve.settings import ServeSettings
 
 OUTPUT_ERRNOS = (errno.EPIPE, errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EBADF)
 
@@ -651,8 +654,10 @@ def serve(
     ],
     host: Annotated[
         str, typer.Option(metavar="<address>", help="Address to listen on; 0.0.0.0 for every interface.")
-    ] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on; 0 picks a free one (printed).")] = 5000,
+    ] = ServeSettings.host,
+    port: Annotated[
+        int, typer.Option(help="Port to listen on; 0 picks a free one (printed).")
+    ] = ServeSettings.port,
     max_batch_tokens: Annotated[
         int,
         typer.Option(
@@ -665,29 +670,35 @@ def serve(
     ] = None,
     batch_wait_ms: Annotated[
         float, typer.Option(help="How long the first request of a batch waits for others to join it.")
-    ] = 10.0,
-    max_chars: Annotated[int, typer.Option(help="Largest request, in characters of text.")] = 20000,
+    ] = ServeSettings.batch_wait_ms,
+    max_chars: Annotated[
+        int, typer.Option(help="Largest request, in characters of text.")
+    ] = ServeSettings.max_chars,
     max_queue: Annotated[
         int, typer.Option(help="Source lines waiting for the model at most; more get 503 + Retry-After.")
-    ] = 100000,
+    ] = ServeSettings.max_queue,
     timeout: Annotated[
         float, typer.Option(help="Seconds a request may wait for its translation (504).")
-    ] = 60.0,
+    ] = ServeSettings.timeout,
     read_timeout: Annotated[
         float, typer.Option(help="Seconds to receive a request's headers, and again its body (408).")
-    ] = 10.0,
-    keep_alive: Annotated[float, typer.Option(help="Seconds an idle connection stays open.")] = 5.0,
-    max_connections: Annotated[int, typer.Option(help="Open connections at most; more get 503.")] = 1000,
+    ] = ServeSettings.read_timeout,
+    keep_alive: Annotated[
+        float, typer.Option(help="Seconds an idle connection stays open.")
+    ] = ServeSettings.keep_alive,
+    max_connections: Annotated[
+        int, typer.Option(help="Open connections at most; more get 503.")
+    ] = ServeSettings.max_connections,
     shutdown_timeout: Annotated[
         float, typer.Option(help="After SIGTERM/SIGINT, seconds to answer what is in flight before exiting.")
-    ] = 30.0,
+    ] = ServeSettings.shutdown_timeout,
     cors_origins: Annotated[
         str,
         typer.Option(
             metavar="<origins>",
             help="Origins whose pages may call the server, comma-separated (https://x.org); * any, '' none.",
         ),
-    ] = "*",
+    ] = ServeSettings.cors_origins,
     glossary: Annotated[
         Path | None,
         typer.Option(
@@ -722,14 +733,11 @@ def serve(
       -d '{"q": "A dog runs.", "glossary": [{"source": "dog", "target": "Hund"}]}'
     """
     from nmt.config import DecodeOverrides
-    from nmt.serve import ServeSettings
     from nmt.serve import serve as run_serve
 
-    if not 0 <= port <= 65535:
-        raise NmtError(f"--port {port}: must be between 0 and 65535")
     settings = ServeSettings(
-        batch_wait_ms=batch_wait_ms, max_chars=max_chars, max_queue=max_queue, timeout=timeout,
-        read_timeout=read_timeout, keep_alive=keep_alive, max_connections=max_connections,
+        host=host, port=port, batch_wait_ms=batch_wait_ms, max_chars=max_chars, max_queue=max_queue,
+        timeout=timeout, read_timeout=read_timeout, keep_alive=keep_alive, max_connections=max_connections,
         shutdown_timeout=shutdown_timeout, cors_origins=cors_origins,
     )  # fmt: skip
     # The batch budget is a decode setting, under nmt translate's name for it
@@ -740,7 +748,7 @@ def serve(
         batch_tokens=max_batch_tokens if old_max_batch_tokens is None else old_max_batch_tokens,
         shortlist=shortlist,
     )
-    run_serve(model, host, port, settings, overrides, device, dtype, err, engine, glossary=glossary)
+    run_serve(model, settings, overrides, device, dtype, err, engine, glossary=glossary)
 
 
 @app.command(name="shortlist", cls=Command)
@@ -755,11 +763,15 @@ def build_shortlist(
     ] = None,
     src: Annotated[Path | None, typer.Option(help="Training source text, one sentence a line.")] = None,
     tgt: Annotated[Path | None, typer.Option(help="Training target text, line by line with --src.")] = None,
-    frequent: Annotated[int, typer.Option(help="The most frequent target subwords, always allowed.")] = 100,
+    frequent: Annotated[
+        int, typer.Option(help="The most frequent target subwords, always allowed.")
+    ] = ShortlistSizes.frequent,
     per_source: Annotated[
         int, typer.Option(help="The likeliest target subwords of each source subword (IBM Model 1).")
-    ] = 50,
-    iterations: Annotated[int, typer.Option(help="EM iterations of IBM Model 1.")] = 5,
+    ] = ShortlistSizes.per_source,
+    iterations: Annotated[
+        int, typer.Option(help="EM iterations of IBM Model 1.")
+    ] = ShortlistSizes.iterations,
 ) -> None:
     """Build a lexical shortlist from the training data (IBM Model 1 over subwords) into a checkpoint.
 
@@ -884,26 +896,30 @@ def distill(
             help="Which of the teacher's n-best to keep: chrf, the closest to the reference (default); "
             "top1, the teacher's best (the default with --mono).",
         ),
-    ] = None,
+    ] = DistillOptions.select,
     mono: Annotated[
         Path | None,
         typer.Option(help="Monolingual source text for the teacher to translate instead of the recipe's."),
     ] = None,
     teacher_engine: Annotated[
         Engine, typer.Option(case_sensitive=False, help="What runs the teacher: torch, or ctranslate2.")
-    ] = Engine.TORCH,
+    ] = DistillOptions.teacher_engine,
     teacher_precision: Annotated[
         Precision,
         typer.Option(case_sensitive=False, help="The teacher's precision: fp32, or int8 (faster)."),
-    ] = Precision.FP32,
-    nbest: Annotated[int, typer.Option(help="Hypotheses per line from the teacher's beam.")] = 4,
-    chunk_lines: Annotated[int, typer.Option(help="Lines the teacher translates per saved chunk.")] = 2000,
+    ] = DistillOptions.teacher_precision,
+    nbest: Annotated[
+        int, typer.Option(help="Hypotheses per line from the teacher's beam.")
+    ] = DistillOptions.nbest,
+    chunk_lines: Annotated[
+        int, typer.Option(help="Lines the teacher translates per saved chunk.")
+    ] = DistillOptions.chunk_lines,
     max_ratio: Annotated[
         float, typer.Option(help="Drop pairs whose word counts differ by more than this factor.")
-    ] = 3.0,
+    ] = FilterSettings.max_ratio,
     drop_worst: Annotated[
         float, typer.Option(metavar="<percent>", help="Drop this share of the pairs with the lowest scores.")
-    ] = 5.0,
+    ] = FilterSettings.worst_percent,
     init: Annotated[
         str,
         typer.Option(
@@ -911,7 +927,7 @@ def distill(
             help="scratch, or teacher: the student starts from the teacher's embeddings and layers "
             "(the same width; its stacks take the teacher's layers spread evenly).",
         ),
-    ] = "scratch",
+    ] = DistillOptions.init,
 ) -> None:
     """Distil a teacher into the recipe's (small) student: the teacher translates the training source,
     the best of its n-best is kept and filtered, the student trains on it with the teacher's subwords,
@@ -927,14 +943,12 @@ def distill(
     nmt distill multi30k-en-de-student --teacher average.pt --init teacher   # shrink and fine-tune
     """
     from nmt.config import load_config
-    from nmt.data.filters import FilterSettings
-    from nmt.distill import DistillOptions
     from nmt.distill import distill as run_distill
 
     cfg = load_config(recipe, _overrides(overrides, None))
     opts = DistillOptions(
         teacher=teacher,
-        select=select or ("top1" if mono is not None else "chrf"),
+        select=select,
         mono=mono,
         teacher_engine=teacher_engine,
         teacher_precision=teacher_precision,
@@ -1004,7 +1018,7 @@ def backtranslate(
     chunk_lines: Annotated[int, typer.Option(help="Lines translated per saved chunk.")] = 2000,
     max_ratio: Annotated[
         float, typer.Option(help="Drop pairs whose word counts differ by more than this factor.")
-    ] = 3.0,
+    ] = FilterSettings.max_ratio,
 ) -> None:
     """Back-translate monolingual target-language text into a parallel corpus for the forward model:
     synthetic sources from a reverse model, real targets; repeats, empty, badly sized and looping pairs
@@ -1020,7 +1034,6 @@ def backtranslate(
     """
     from nmt.backtranslate import BacktranslateOptions
     from nmt.backtranslate import backtranslate as run_backtranslate
-    from nmt.data.filters import FilterSettings
 
     direction, vocab, inputs = None, None, []
     if recipe is not None:

@@ -28,6 +28,42 @@ RECIPES_DIR = Path(__file__).resolve().parent / "recipes"  # a link to the top-l
 DEFAULT_RECIPE = "multi30k-en-de"
 
 
+class Choice(str, Enum):
+    """A closed set of names a user writes for an option; `parse` is the one place a name is read."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def parse(cls, value: str | Choice, option: str):
+        """`value` as one of the choices (any case, spaces around ignored); an error names the option and
+        lists every choice."""
+        if isinstance(value, cls):
+            return value
+        try:
+            return cls(str(value).strip().lower())
+        except ValueError:
+            choices = ", ".join(c.value for c in cls)
+            raise ConfigError(f"{option} {value}: expected one of {choices}") from None
+
+
+class Precision(Choice):
+    """`--dtype`: the numbers a model computes in (nmt.device: torch's dtypes; int8: nmt.translate.int8)."""
+
+    AUTO = "auto"
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+    INT8 = "int8"
+
+
+class Engine(Choice):
+    """`--engine`: what runs a model, nmt's PyTorch search or CTranslate2 on an exported folder."""
+
+    TORCH = "torch"
+    CTRANSLATE2 = "ctranslate2"
+
+
 @dataclass(frozen=True)
 class FileSpec:
     """One file of a corpus: where upstream keeps it, its checksum, and its member inside an archive."""
@@ -221,7 +257,8 @@ class TrainConfig:
     weight_decay: float = 0.0  # > 0: AdamW, decaying the matrices only (not biases, not LayerNorm)
     clip_norm: float = 0.0  # 0 disables clipping (the paper does not clip)
     label_smoothing: float = 0.1
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 where native (nmt.device)
+    # auto: bf16 where native (nmt.device); int8 is for translating only
+    precision: Literal[Precision.AUTO, Precision.FP32, Precision.BF16, Precision.FP16] = Precision.AUTO
     compile: bool = False
     device: str = "auto"
     threads: int | None = None  # CPU threads for torch; None keeps torch's default
@@ -264,40 +301,13 @@ class Config:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 
 
-class Choice(str, Enum):
-    """A closed set of names a user writes for an option; `parse` is the one place a name is read."""
+@dataclass(frozen=True)
+class ShortlistSizes:
+    """`nmt shortlist`'s counts (nmt.shortlist builds the sets): Bergamot's students use 100 and 50."""
 
-    def __str__(self) -> str:
-        return self.value
-
-    @classmethod
-    def parse(cls, value: str | Choice, option: str):
-        """`value` as one of the choices (any case, spaces around ignored); an error names the option and
-        lists every choice."""
-        if isinstance(value, cls):
-            return value
-        try:
-            return cls(str(value).strip().lower())
-        except ValueError:
-            choices = ", ".join(c.value for c in cls)
-            raise ConfigError(f"{option} {value}: expected one of {choices}") from None
-
-
-class Precision(Choice):
-    """`--dtype`: the numbers a model computes in (nmt.device: torch's dtypes; int8: nmt.translate.int8)."""
-
-    AUTO = "auto"
-    FP32 = "fp32"
-    BF16 = "bf16"
-    FP16 = "fp16"
-    INT8 = "int8"
-
-
-class Engine(Choice):
-    """`--engine`: what runs a model, nmt's PyTorch search or CTranslate2 on an exported folder."""
-
-    TORCH = "torch"
-    CTRANSLATE2 = "ctranslate2"
+    frequent: int = 100  # the most frequent target pieces, always in the set
+    per_source: int = 50  # the likeliest target pieces of each source piece
+    iterations: int = 5  # EM iterations of IBM Model 1
 
 
 @dataclass(frozen=True)
@@ -488,6 +498,8 @@ def config_to_dict(cfg: Config) -> dict:
             return {f.name: plain(getattr(x, f.name)) for f in dataclasses.fields(x)}
         if isinstance(x, tuple | list):
             return [plain(v) for v in x]
+        if isinstance(x, Enum):  # a Choice as its name: recipes and checkpoints hold plain strings
+            return x.value
         return x
 
     return plain(cfg)
@@ -525,9 +537,9 @@ def _coerce(tp: Any, value: Any, source: str, dotted: str) -> Any:
             return _coerce(inner[0], value, source, dotted)
     if origin is Literal:
         if value not in args:
-            choices = ", ".join(repr(a) for a in args)
+            choices = ", ".join(repr(a.value if isinstance(a, Enum) else a) for a in args)
             raise ConfigError(f"{source}: {dotted}: {value!r} is not one of {choices}")
-        return value
+        return args[args.index(value)]  # a Choice's member (Precision.FP32) for its name ("fp32")
     if origin is tuple:
         if not isinstance(value, list | tuple):
             raise ConfigError(f"{source}: {dotted}: expected a list, got {_describe(value)}")

@@ -30,7 +30,7 @@ def resolve_device(name: str, local_rank: int = 0, key: str = "--device") -> tor
     return torch.device(f"cuda:{number}")
 
 
-def resolve_dtype(name: Precision | str, device: torch.device, cpu_bf16: bool = True) -> torch.dtype:
+def resolve_dtype(precision: Precision, device: torch.device, cpu_bf16: bool = True) -> torch.dtype:
     """auto is bf16 where the hardware multiplies bf16 natively, else fp32.
 
     On a GPU that is any bf16-capable CUDA device; on a CPU it takes AVX512-BF16 or AMX (oneDNN's check):
@@ -38,7 +38,6 @@ def resolve_dtype(name: Precision | str, device: torch.device, cpu_bf16: bool = 
     and hundreds of times slower. `cpu_bf16=False` keeps the CPU at fp32 (translation: see
     inference_dtype).
     """
-    precision = Precision.parse(name, "precision")
     if precision is Precision.AUTO:
         if device.type == "cuda":
             bf16 = torch.cuda.is_bf16_supported()
@@ -50,10 +49,10 @@ def resolve_dtype(name: Precision | str, device: torch.device, cpu_bf16: bool = 
     return DTYPES[precision]
 
 
-def inference_dtype(name: Precision | str, device: torch.device) -> torch.dtype:
+def inference_dtype(precision: Precision, device: torch.device) -> torch.dtype:
     """Weights' dtype for translation: auto is bf16 on a CUDA GPU that has it, fp32 elsewhere.
 
     On a CPU, bf16 weights change translations against the fp32 model that validation and the reported
     scores use, and make them depend on the batch; CPU translation keeps fp32 unless asked.
     """
-    return resolve_dtype(name, device, cpu_bf16=False)
+    return resolve_dtype(precision, device, cpu_bf16=False)

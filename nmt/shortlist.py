@@ -30,12 +30,16 @@ import torch
 from torch import Tensor
 
 from nmt.checkpoint import load_checkpoint, save_checkpoint
+from nmt.config import ShortlistSizes
 from nmt.errors import DataError, NmtError
 from nmt.tokens import BOS, EOS, PAD, UNK
 
-FREQUENT = 100  # the most frequent target pieces, always in the set
-PER_SOURCE = 50  # the likeliest target pieces of each source piece
-ITERATIONS = 5  # EM iterations of IBM Model 1
+# The defaults of `nmt shortlist`, kept where its options can read them without importing torch
+FREQUENT, PER_SOURCE, ITERATIONS = (
+    ShortlistSizes.frequent,
+    ShortlistSizes.per_source,
+    ShortlistSizes.iterations,
+)
 CHUNK_TOKENS = 1 << 22  # (source + NULL) x target token pairs handled at once: ~100 MB of index tensors
 
 

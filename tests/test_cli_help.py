@@ -4,6 +4,7 @@ in one format that run as written."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -133,7 +134,7 @@ def test_the_old_name_of_an_option_still_works(monkeypatch):
     monkeypatch.setattr(
         nmt.serve,
         "serve",
-        lambda model, host, port, settings, overrides, *a, **k: given.update(overrides.values),
+        lambda model, settings, overrides, *a, **k: given.update(overrides.values),
     )
     for option in ("--max-tokens", "--max-batch-tokens"):
         given.clear()
@@ -157,3 +158,74 @@ def test_any_misspelt_option_of_any_command_is_one_line():
         assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
 
     one_line()
+
+
+def test_the_cli_imports_no_torch_to_show_its_help():
+    """`nmt --help`, and a command's, stay quick: the options read their defaults from light modules
+    (nmt.serve.settings, nmt.distill.options, ...), and torch is imported by the commands that run."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\nfrom nmt.cli import app\nloaded = 'torch' in sys.modules\n"
+        "for command in ([], ['serve'], ['distill'], ['shortlist'], ['backtranslate']):\n"
+        "    try:\n        app([*command, '--help'])\n    except SystemExit:\n        pass\n"
+        "print('torch:', loaded, 'torch' in sys.modules, file=sys.stderr)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip().endswith("torch: False False"), done.stderr
+
+
+def test_the_cli_defaults_are_the_library_settings_own():
+    """An option that sets a field of a library's settings has that field's default, so the two cannot
+    drift: every field of ServeSettings, DistillOptions (but the teacher and the comparison, no options),
+    FilterSettings and ShortlistSizes, and nmt backtranslate's options."""
+    import dataclasses
+
+    from nmt.backtranslate import BacktranslateOptions
+    from nmt.config import ShortlistSizes
+    from nmt.data.filters import FilterSettings
+    from nmt.distill.options import DistillOptions
+    from nmt.serve.settings import ServeSettings
+
+    commands = typer.main.get_command(app).commands
+
+    def defaults(record, *without: str) -> dict:
+        """Field -> its default, of every field that has one but those `without` (no option of that name)."""
+        fields = dataclasses.fields(record)
+        return {
+            f.name: f.default
+            for f in fields
+            if f.default is not dataclasses.MISSING and f.name not in without
+        }
+
+    filters = FilterSettings()
+    back = BacktranslateOptions(reverse=None, mono=(), output=None)
+    expected = {
+        "serve": defaults(ServeSettings),
+        "distill": {
+            **defaults(DistillOptions, "filters", "compare"),
+            "max_ratio": filters.max_ratio,
+            "drop_worst": filters.worst_percent,
+        },
+        "shortlist": defaults(ShortlistSizes),
+        "backtranslate": {
+            "method": back.method,
+            "engine": back.engine,
+            "dtype": back.precision,
+            "device": back.device,
+            "seed": back.seed,
+            "chunk_lines": back.chunk_lines,
+            "max_lines": back.max_lines,
+            "max_ratio": back.filters.max_ratio,
+        },
+    }
+    for command, fields in expected.items():
+        params = {p.name: p for p in commands[command].params}
+        for name, default in fields.items():
+            assert name in params, f"nmt {command} has no option for {name}"
+            assert params[name].default == default, (command, name, params[name].default, default)
+    # the rule for --select's default is the library's: top1 for --mono text (no references), else chrf
+    assert DistillOptions(teacher=None).select == "chrf"
+    assert DistillOptions(teacher=None, mono=Path("mono.en")).select == "top1"

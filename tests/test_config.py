@@ -1,5 +1,6 @@
 """Recipe validation: one clear line naming the file and the dotted key, exit status 2."""
 
+import io
 import subprocess
 import sys
 from pathlib import Path
@@ -8,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from nmt.cli import app
-from nmt.config import RECIPES_DIR, load_config
+from nmt.config import RECIPES_DIR, Precision, config_from_dict, config_to_dict, load_config
 from nmt.errors import ConfigError
 
 RECIPE = RECIPES_DIR / "multi30k-en-de.yaml"
@@ -55,6 +56,23 @@ def test_overrides_are_validated_like_the_file(override, message):
     with pytest.raises(ConfigError) as e:
         load_config(RECIPE, [override])
     assert message in str(e.value)
+
+
+def test_train_precision_is_a_precision_stored_by_its_name():
+    """One list of precision names (the Precision enum); a recipe and a checkpoint hold plain strings, so a
+    checkpoint's config loads with torch.load(weights_only=True) and a model card's YAML is safe_dump's."""
+    import torch
+    import yaml
+
+    cfg = load_config(RECIPE, ["train.precision=bf16"])
+    assert cfg.train.precision is Precision.BF16 and load_config(RECIPE).train.precision is Precision.AUTO
+    raw = config_to_dict(cfg)
+    assert type(raw["train"]["precision"]) is str and raw["train"]["precision"] == "bf16"
+    assert yaml.safe_load(yaml.safe_dump(raw)) == raw
+    buffer = io.BytesIO()
+    torch.save({"config": raw}, buffer)
+    buffer.seek(0)
+    assert config_from_dict(torch.load(buffer, weights_only=True)["config"]) == cfg
 
 
 def test_overrides_set_values_with_yaml_types():

@@ -11,6 +11,7 @@ from torch import nn
 from typer.testing import CliRunner
 
 from nmt.cli import app
+from nmt.config import Precision
 from nmt.errors import NmtError
 from nmt.model import Transformer
 from nmt.translate.int8 import Int8Linear, quantize_int8
@@ -66,7 +67,7 @@ def test_each_member_of_an_ensemble_is_quantized():
     from nmt.translate.ensemble import Ensemble
 
     members = [Transformer(make_config().model, 64) for _ in range(2)]
-    inference_model(Ensemble(members), "int8", torch.device("cpu"))
+    inference_model(Ensemble(members), Precision.INT8, torch.device("cpu"))
     assert all(isinstance(m.output_kernel, Int8Linear) for m in members)
     assert not any(isinstance(m, nn.Linear) for member in members for m in member.modules())
 
@@ -116,4 +117,4 @@ def test_int8_on_a_gpu_is_refused_in_one_line():
 
     model = Transformer(make_config().model, 64)
     with pytest.raises(NmtError, match="--dtype int8 runs on the CPU"):
-        inference_model(model, "int8", torch.device("cuda"))
+        inference_model(model, Precision.INT8, torch.device("cuda"))

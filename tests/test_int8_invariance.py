@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from nmt.config import DecodeConfig
+from nmt.config import DecodeConfig, Precision
 from nmt.model import Transformer
 from nmt.translate import Translator, inference_model
 from nmt.translate.int8 import PROBE_ROWS, Int8Linear, _exact_with, quantize_int8, weight_bits
@@ -125,7 +125,7 @@ def test_the_front_end_translates_a_sentence_the_same_alone_and_among_longer_one
     for p in base.parameters():
         p.data.mul_(2.0)
     cpu = torch.device("cpu")
-    model = inference_model(copy.deepcopy(base), dtype, cpu)
+    model = inference_model(copy.deepcopy(base), Precision(dtype), cpu)
     decode = DecodeConfig(beam=beam, max_len_a=0.0, max_len_b=12, nbest=min(beam, 2))
     translator = Translator(model, Ids(), decode, cpu)
     gen = torch.Generator().manual_seed(7)

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from nmt.checkpoint import load_model
+from nmt.config import Precision
 from nmt.translate.builder import inference_model
 from nmt.translate.prepacked import available
 from nmt.untrained import save_random_model
@@ -52,7 +53,7 @@ def test_prepacking_keeps_no_float32_copy_of_the_decoder_weights(checkpoint):
     before, freed = float_bytes(model), sum(w.nbytes for w in packed)
     refs, embedding = [weakref.ref(w) for w in packed], model.embed.weight
     del packed
-    model = inference_model(model, "fp32", torch.device("cpu"))
+    model = inference_model(model, Precision.FP32, torch.device("cpu"))
     gc.collect()
     assert refs and all(r() is None for r in refs), "a prepacked weight's float32 matrix is still held"
     # the embedding stays once, for the lookup; the output projection reads its own packed copy
@@ -63,7 +64,7 @@ def test_prepacking_keeps_no_float32_copy_of_the_decoder_weights(checkpoint):
 def test_int8_keeps_no_float32_copy_of_any_linear_map(checkpoint):
     model, _, _ = load_model(checkpoint)
     refs = [weakref.ref(w) for w in linear_weights(model)]
-    model = inference_model(model, "int8", torch.device("cpu"))
+    model = inference_model(model, Precision.INT8, torch.device("cpu"))
     gc.collect()
     assert refs and all(r() is None for r in refs), "an int8 weight's float32 matrix is still held"
 

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nmt.checkpoint import load_model
+from nmt.config import Precision
 from nmt.model import Transformer
 from nmt.translate import Translator
 from nmt.translate.builder import inference_model
@@ -151,7 +152,7 @@ def test_translations_are_the_trained_models(synthetic_run: Path):
     outputs = []
     for prepack in (False, True):
         model, subword, cfg = load_model(checkpoint, torch.device("cpu"))
-        model = inference_model(model, "fp32", torch.device("cpu"), prepack=prepack)
+        model = inference_model(model, Precision.FP32, torch.device("cpu"), prepack=prepack)
         assert any(isinstance(m, PrepackedLinear) for m in model.modules()) == prepack
         translator = Translator(model, subword, cfg.decode, torch.device("cpu"))
         outputs.append(translator.translate(lines))

@@ -4,6 +4,7 @@ The worker's scheduling and failure isolation are also tested directly, with a s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -28,6 +29,7 @@ from nmt.errors import NmtError  # noqa: E402
 from nmt.serve import Batcher, Metrics, ServeSettings  # noqa: E402
 from nmt.translate import token_batches  # noqa: E402
 
+from .conftest import cli, one_error_line  # noqa: E402
 from .servers import ENV, Server, libre  # noqa: E402, F401
 
 
@@ -322,6 +324,17 @@ def test_cors_origins_are_checked_once():
             ServeSettings(cors_origins=bad).check()
 
 
+def test_a_port_out_of_range_is_one_line_before_any_model_loads(tmp_path):
+    assert ServeSettings(port=0).check().port == 0  # 0: a free one, picked when the server listens
+    for port in ("-1", "65536", "70000"):
+        # the model does not exist: naming --port shows the port was checked first
+        result = cli("serve", "-m", tmp_path / "missing.pt", "--port", port)
+        assert result.returncode == 2, result
+        one_error_line(result.stderr, "--port", port)
+        with pytest.raises(NmtError, match=f"^--port {port}: must be between 0 and 65535$"):
+            ServeSettings(port=int(port)).check()
+
+
 def test_the_page_shows_the_pair_and_settings(server):
     with urllib.request.urlopen(server.url + "/", timeout=10) as r:
         page = r.read().decode()
@@ -574,7 +587,8 @@ def serve_once(run: Path, port: int = 0, settings: ServeSettings | None = None, 
     from nmt.config import DecodeOverrides
 
     checkpoint, given = run / "checkpoints" / "best.pt", DecodeOverrides.given(**(options or {}))
-    serve_module.serve(checkpoint, "127.0.0.1", port, settings or ServeSettings(), given, "cpu", "fp32", None)
+    settings = dataclasses.replace(settings or ServeSettings(), port=port)
+    serve_module.serve(checkpoint, settings, given, "cpu", "fp32", None)
 
 
 def test_serve_without_its_extra_names_it(monkeypatch, synthetic_run):

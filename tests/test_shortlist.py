@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from nmt.checkpoint import load_checkpoint, load_model
 from nmt.cli import app
+from nmt.config import Precision
 from nmt.shortlist import Shortlist, build_shortlist, load_shortlist
 from nmt.tokens import BOS, EOS, PAD, UNK
 from nmt.translate import Translator, ctranslate2_translator
@@ -272,7 +273,8 @@ def test_the_cpu_kernels_project_the_union_as_they_project_the_whole_vocabulary(
     from nmt.translate import inference_model
 
     model, subword, cfg = load_model(shortlisted["whole"])
-    model = inference_model(model, dtype, torch.device("cpu"))  # int8, or fp32 prepacked for oneDNN
+    # int8, or fp32 prepacked for oneDNN
+    model = inference_model(model, Precision(dtype), torch.device("cpu"))
     assert model.output_kernel is not None or dtype == "fp32"
     whole = load_shortlist(shortlisted["whole"])
     lines = (synthetic_run / "data" / "valid.xx").read_text().splitlines()[:40]

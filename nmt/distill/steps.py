@@ -28,63 +28,23 @@ import functools
 import hashlib
 import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
 
 from nmt import atomic
 from nmt.checkpoint import checkpoint_config, checkpoint_subword
-from nmt.config import Config, DecodeOverrides, Engine, Precision, config_to_dict
+from nmt.config import Config, DecodeOverrides, Engine, config_to_dict
 from nmt.data.clean import REASONS as CLEAN_REASONS
-from nmt.data.filters import FilterSettings, filter_pairs
+from nmt.data.filters import filter_pairs
 from nmt.data.preprocess import binarize, write_text
+from nmt.distill.options import DistillOptions, check_options
 from nmt.distill.select import select_chrf, select_top1
 from nmt.errors import ConfigError, DataError
 from nmt.score import read_lines
 from nmt.translate.chunks import changed_setting, is_number, read_chunks, read_jsonl
 
 STEPS = ("text", "teacher", "select", "filter", "data", "train", "average", "compare")
-SELECT = ("chrf", "top1")
-INIT = ("scratch", "teacher")
-
-
-@dataclass(frozen=True)
-class DistillOptions:
-    """What `nmt distill` takes beside the student recipe."""
-
-    teacher: Path
-    select: str = "chrf"  # chrf: closest to the reference; top1: the teacher's best (needed with mono)
-    mono: Path | None = None  # monolingual source text to translate instead of the recipe's training source
-    teacher_engine: Engine = Engine.TORCH
-    teacher_precision: Precision = Precision.FP32
-    nbest: int = 4  # hypotheses per line; the teacher's beam is at least this wide
-    chunk_lines: int = 2000  # lines the teacher translates between two saved chunks
-    filters: FilterSettings = FilterSettings()
-    compare: bool = True  # the last step: teacher against student on the test sets
-    init: str = "scratch"  # teacher: the student starts from the teacher's layers (nmt.distill.shrink)
-
-
-def check_options(opts: DistillOptions) -> None:
-    if not opts.teacher.is_file():
-        raise ConfigError(f"--teacher {opts.teacher}: no such checkpoint")
-    if opts.select not in SELECT:
-        raise ConfigError(f"--select {opts.select}: expected one of {', '.join(SELECT)}")
-    if opts.init not in INIT:
-        raise ConfigError(f"--init {opts.init}: expected one of {', '.join(INIT)}")
-    if opts.mono is not None and opts.select == "chrf":
-        raise ConfigError("--select chrf needs references, and --mono text has none: use --select top1")
-    if opts.mono is not None and not opts.mono.is_file():
-        raise ConfigError(f"--mono {opts.mono}: no such file")
-    if opts.nbest < 1:
-        raise ConfigError(f"--nbest {opts.nbest}: expected at least 1")
-    if opts.chunk_lines < 1:
-        raise ConfigError(f"--chunk-lines {opts.chunk_lines}: expected at least 1")
-    f = opts.filters
-    if f.max_ratio < 1:
-        raise ConfigError(f"--max-ratio {f.max_ratio:g}: expected at least 1")
-    if not 0 <= f.worst_percent < 100:
-        raise ConfigError(f"--drop-worst {f.worst_percent:g}: expected a percentage from 0 to under 100")
 
 
 def student_config(cfg: Config, teacher: Path, teacher_config: dict | None = None) -> Config:

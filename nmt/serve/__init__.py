@@ -26,16 +26,12 @@ One server answers every pair of the models it is given (`-m` repeated), and eve
 several (a request's "target" picks its tag): each model has a worker of its own, so a long request to
 one pair never holds a request to another model's.
 
-Modules: settings (the limits), api (the request formats, validated and encoded), pairs (which model
-answers which pair), batcher (the model worker), http (uvicorn, the routes' errors, shutdown; `serve`),
-documents and markup (texts, HTML fragments and their tags), kept (translate="no" spans), detect (source
-"auto"), metrics, page.
+Modules: settings (where it listens, its limits), api (the request formats, validated and encoded), pairs
+(which model answers which pair), batcher (the model worker), http (uvicorn, the routes' errors, shutdown;
+`serve`), documents and markup (texts, HTML fragments and their tags), kept (translate="no" spans), detect
+(source "auto"), metrics, page.
 """
 
-from nmt.serve.batcher import Batcher
-from nmt.serve.http import serve
-from nmt.serve.markup import Document, tokens
-from nmt.serve.metrics import Metrics
 from nmt.serve.settings import HTTPError, ServeSettings
 
 __all__ = [
@@ -47,3 +43,22 @@ __all__ = [
     "serve",
     "tokens",
 ]
+
+
+def __getattr__(name: str):
+    """The server's parts, imported when first asked for: `nmt serve`'s options read ServeSettings from
+    here, and the CLI must not import torch (the worker's) to show its help."""
+    if name == "Batcher":
+        from nmt.serve.batcher import Batcher as found
+    elif name == "serve":
+        from nmt.serve.http import serve as found
+    elif name in ("Document", "tokens"):
+        from nmt.serve import markup
+
+        found = getattr(markup, name)
+    elif name == "Metrics":
+        from nmt.serve.metrics import Metrics as found
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = found
+    return found

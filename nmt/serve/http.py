@@ -389,8 +389,6 @@ def listen(host: str, port: int) -> socket.socket:
 
 def serve(
     model_paths: Path | str | Sequence[Path | str],
-    host: str,
-    port: int,
     settings: ServeSettings,
     overrides: DecodeOverrides,
     device: str,
@@ -399,9 +397,9 @@ def serve(
     engine: Engine | str = Engine.TORCH,
     glossary: Path | None = None,
 ) -> None:
-    """Load the models, serve until SIGTERM/SIGINT, then answer the requests in flight and return.
-    `glossary`: a TSV file of terms every request obeys (nmt.translate.terminology); one pair's terms, so
-    for a server of one pair.
+    """Load the models, serve on `settings.host`:`settings.port` until SIGTERM/SIGINT, then answer the
+    requests in flight and return. `glossary`: a TSV file of terms every request obeys
+    (nmt.translate.terminology); one pair's terms, so for a server of one pair.
 
     Each model is built as `nmt translate` builds it (nmt.translate.build_translator), on either engine:
     with several, `--engine ctranslate2` decodes the folders by CTranslate2 and a checkpoint file beside
@@ -444,7 +442,7 @@ def serve(
             raise NmtError(
                 f"--glossary: a glossary holds one pair's terms; this server answers {pairs.named()}"
             )
-        sock = listen(host, port)
+        sock = listen(settings.host, settings.port)
     except BaseException:  # a model that does not load, or pairs that clash: no worker outlives it
         for m in models:
             m.batcher.close(1.0)
@@ -471,7 +469,7 @@ def serve(
         service.stop()
 
     server = server_class()(config, console, stop_work, settings.shutdown_timeout)
-    address = f"http://{host}:{sock.getsockname()[1]}"
+    address = f"http://{settings.host}:{sock.getsockname()[1]}"
     for k, (path, b, m) in enumerate(zip(paths, built, models, strict=True)):
         decode = b.decode
         languages = f"{', '.join(m.sources)} -> {', '.join(m.targets)}"

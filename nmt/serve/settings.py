@@ -11,9 +11,12 @@ from nmt.errors import NmtError
 
 @dataclass(frozen=True)
 class ServeSettings:
-    """The server's limits; the CLI's options, validated here so each message names its option. The batch
-    budget is a decode setting (--max-batch-tokens: decode.batch_tokens, as nmt translate --max-tokens)."""
+    """Where the server listens and its limits; the CLI's options (and their defaults), validated here so
+    each message names its option. The batch budget is a decode setting (--max-batch-tokens:
+    decode.batch_tokens, as nmt translate --max-tokens)."""
 
+    host: str = "127.0.0.1"  # the address to listen on; 0.0.0.0 for every interface
+    port: int = 5000  # 0: a free one, which the server prints
     batch_wait_ms: float = 10.0  # how long the first request of a batch waits for others
     max_chars: int = 20000  # characters of text in one request
     max_queue: int = 100000  # source lines waiting for the model; more: 503
@@ -25,6 +28,8 @@ class ServeSettings:
     cors_origins: str = "*"  # origins whose pages may call the server, comma-separated; "" for none
 
     def check(self) -> ServeSettings:
+        if not 0 <= self.port <= 65535:
+            raise NmtError(f"--port {self.port}: must be between 0 and 65535")
         for option, ok in (
             ("--batch-wait-ms", self.batch_wait_ms >= 0),
             ("--max-chars", self.max_chars >= 1),

@@ -221,11 +221,11 @@ def ctranslate2_translator(
     return LineTranslator(engine, subword, console, workers=workers, target=target)
 
 
-def inference_model(model, dtype: Precision | str, device: torch.device, prepack: bool = True):
-    """The model (or each member of an Ensemble) in the precision `dtype` names: a torch dtype
-    (nmt.device.inference_dtype), or int8 weights on the CPU (nmt.translate.int8). In float32 on the
-    CPU the decoder's weights are prepacked for oneDNN (nmt.translate.prepacked) unless `prepack` is off."""
-    precision = Precision.parse(dtype, "--dtype")
+def inference_model(model, precision: Precision, device: torch.device, prepack: bool = True):
+    """The model (or each member of an Ensemble) in `precision`: a torch dtype (nmt.device.inference_dtype),
+    or int8 weights on the CPU (nmt.translate.int8). In float32 on the CPU the decoder's weights are
+    prepacked for oneDNN (nmt.translate.prepacked) unless `prepack` is off. `precision` is parsed already,
+    where the name was read (build_translator, or the CLI)."""
     int8 = precision is Precision.INT8
     if int8 and device.type != "cpu":
         raise NmtError(f"--dtype int8 runs on the CPU, not {device}: add --device cpu")
