@@ -21,6 +21,7 @@ from typing import Any, Literal, Union
 
 import yaml
 
+from nmt import limits
 from nmt.errors import ConfigError, NmtError
 from nmt.languages import BT_TAG, same, target_tag
 
@@ -173,8 +174,8 @@ MODEL_LIMITS = {
     "d_model": 16_384,
     "d_ff": 65_536,
     "heads": 256,
-    "max_positions": 65_536,
-    "vocab_size": 1_000_000,
+    "max_positions": limits.MAX_POSITIONS,
+    "vocab_size": limits.MAX_VOCAB,
 }
 
 
@@ -704,6 +705,15 @@ def _check_decode(d: DecodeConfig, need, key) -> None:
         "temperature",
         f"must be positive, got {d.temperature}",
     )
+    # The rest of each bound (the most values, the seed's range), as nmt.limits states it for the options
+    # of the same names: a recipe or a request may not ask for what the command line may not.
+    for name in DECODE_BOUNDED:
+        value = getattr(d, name)
+        why = limits.QUANTITIES[name].problem(value)
+        need(why is None, name, f"must be {why}, got {limits.show(value)}")
+
+
+DECODE_BOUNDED = [f.name for f in dataclasses.fields(DecodeConfig) if f.name in limits.QUANTITIES]
 
 
 def _join(prefix: str, key: Any) -> str:

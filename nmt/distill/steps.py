@@ -41,6 +41,7 @@ from nmt.data.filters import FilterSettings, filter_pairs
 from nmt.data.preprocess import binarize, write_text
 from nmt.distill.select import select_chrf, select_top1
 from nmt.errors import ConfigError, DataError
+from nmt.limits import check
 from nmt.score import read_lines
 from nmt.translate.chunks import changed_setting, is_number, read_chunks, read_jsonl
 
@@ -76,15 +77,10 @@ def check_options(opts: DistillOptions) -> None:
         raise ConfigError("--select chrf needs references, and --mono text has none: use --select top1")
     if opts.mono is not None and not opts.mono.is_file():
         raise ConfigError(f"--mono {opts.mono}: no such file")
-    if opts.nbest < 1:
-        raise ConfigError(f"--nbest {opts.nbest}: expected at least 1")
-    if opts.chunk_lines < 1:
-        raise ConfigError(f"--chunk-lines {opts.chunk_lines}: expected at least 1")
-    f = opts.filters
-    if f.max_ratio < 1:
-        raise ConfigError(f"--max-ratio {f.max_ratio:g}: expected at least 1")
-    if not 0 <= f.worst_percent < 100:
-        raise ConfigError(f"--drop-worst {f.worst_percent:g}: expected a percentage from 0 to under 100")
+    check("--nbest", opts.nbest)
+    check("--chunk-lines", opts.chunk_lines)
+    check("--max-ratio", opts.filters.max_ratio)
+    check("--drop-worst", opts.filters.worst_percent)
 
 
 def student_config(cfg: Config, teacher: Path, teacher_config: dict | None = None) -> Config:

@@ -17,6 +17,7 @@ from rich.console import Console
 
 from nmt.config import DecodeOverrides, Engine, Precision
 from nmt.errors import NmtError
+from nmt.limits import check
 from nmt.serve.api import FORM_TYPE, JSON_TYPES, MULTIPART_TYPE, Service
 from nmt.serve.batcher import Batcher
 from nmt.serve.documents import aligner
@@ -415,6 +416,7 @@ def serve(
     except ImportError as e:
         raise NmtError(f"nmt serve needs its extra ({e}): pip install 'nmt[serve]'") from None
 
+    check("--port", port)
     settings.check()
     paths = [Path(model_paths)] if isinstance(model_paths, str | Path) else [Path(p) for p in model_paths]
     twice = next((p for k, p in enumerate(paths) if p.resolve() in map(Path.resolve, paths[:k])), None)
