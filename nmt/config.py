@@ -638,6 +638,10 @@ def _check(cfg: Config, source: str, corpora: bool = True) -> None:
     if bt is not None:
         need(len(bt.mono) > 0 or not corpora, "data.backtranslate.mono", "names no monolingual file")
         need(bt.max_lines is None or bt.max_lines > 0, "data.backtranslate.max_lines", "must be positive")
+        for key in ("seed", "max_lines"):  # nmt backtranslate's --seed and --max-lines: refused here, not
+            value = getattr(bt, key)  # after the reverse model has trained
+            why = limits.QUANTITIES[key].problem(value) if value is not None else None
+            need(why is None, f"data.backtranslate.{key}", f"must be {why}, got {value}")
         need(0 < bt.weight < math.inf, "data.backtranslate.weight", f"must be positive, got {bt.weight}")
         need(
             bt.reverse_minutes is None or bt.reverse_minutes > 0,
