@@ -36,6 +36,7 @@ from nmt.config import DecodeOverrides, Engine, Precision
 from nmt.data.fetch import file_digest
 from nmt.data.filters import FilterSettings, filter_pairs
 from nmt.errors import ConfigError, DataError
+from nmt.limits import check
 from nmt.translate.chunks import changed_setting
 
 METHODS = ("sampling", "topk", "beam", "greedy")
@@ -85,12 +86,10 @@ def check_options(opts: BacktranslateOptions) -> None:
     for path in opts.mono:
         if not path.is_file():
             raise ConfigError(f"--mono {path}: no such file")
-    if opts.chunk_lines < 1:
-        raise ConfigError(f"--chunk-lines {opts.chunk_lines}: expected at least 1")
-    if opts.max_lines is not None and opts.max_lines < 1:
-        raise ConfigError(f"--max-lines {opts.max_lines}: expected at least 1")
-    if opts.filters.max_ratio < 1:
-        raise ConfigError(f"--max-ratio {opts.filters.max_ratio:g}: expected at least 1")
+    check("--seed", opts.seed)
+    check("--chunk-lines", opts.chunk_lines)
+    check("--max-lines", opts.max_lines)
+    check("--max-ratio", opts.filters.max_ratio)
 
 
 def outputs(opts: BacktranslateOptions, src_lang: str, tgt_lang: str) -> list[tuple[str, Path]]:

@@ -29,6 +29,7 @@ from torch import Tensor
 from nmt.atomic import atomic_write, refuse_inputs
 from nmt.config import Config, config_from_dict, config_to_dict
 from nmt.errors import CheckpointError, ConfigError, DataError
+from nmt.limits import check
 from nmt.subword import Subword
 
 FORMAT = "nmt-checkpoint"
@@ -231,8 +232,7 @@ def step_checkpoints(directory: Path) -> list[Path]:
 
 
 def last_checkpoints(directory: Path, n: int) -> list[Path]:
-    if n < 1:
-        raise CheckpointError(f"--last {n}: must be 1 or more")
+    check("--last", n)
     found = step_checkpoints(directory)
     if not found:
         raise CheckpointError(f"{directory}: no step-N.pt checkpoints")

@@ -76,7 +76,31 @@ class HelpShowsValues:
 
 
 class Command(HelpShowsValues, TyperCommand):
-    """Every command of nmt."""
+    """Every command of nmt: its numeric options checked against nmt.limits before it runs, so a number
+    out of bounds is one line naming the option before a model loads or a file is written."""
+
+    def invoke(self, ctx):
+        from nmt.limits import check
+
+        for param in self.params:
+            if number_type(param) is not None:
+                check(option_name(param), ctx.params.get(param.name))
+        return super().invoke(ctx)
+
+
+def number_type(param) -> type | None:
+    """int or float where the parameter takes a number (not a flag), else None."""
+    descriptor = getattr(param, "type_descriptor", None)  # a recent typer's own parameters
+    if descriptor is not None:
+        found = descriptor.annotation
+    else:  # an older typer's click types: INT, FLOAT, IntRange, FloatRange
+        found = {"integer": int, "float": float}.get(getattr(param.type, "name", "").split(" ")[0])
+    return found if found in (int, float) else None
+
+
+def option_name(param) -> str:
+    """The name an option is known by, in help and in errors: its long form (--max-tokens)."""
+    return max(param.opts, key=len)
 
 
 def usage_error(e: UsageError) -> typer.Exit:
@@ -562,7 +586,6 @@ def translate(
     workers: Annotated[
         int | None,
         typer.Option(
-            min=1,
             help="Processes that translate a file's batches at once, sharing the CPU threads out "
             "(CTranslate2: its inter_threads). Default: one per thread, of one thread each, when the "
             "whole input is read anyway; 1 from a terminal, with --interactive, on a GPU, with a glossary "
@@ -801,7 +824,7 @@ def score(
     ] = "bleu",
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
     width: Annotated[
-        int, typer.Option("--width", min=0, help="Decimals shown, as sacrebleu -w (-w is --workdir in nmt).")
+        int, typer.Option("--width", help="Decimals shown, as sacrebleu -w (-w is --workdir in nmt).")
     ] = 1,
 ) -> None:
     """Score translations with sacreBLEU (BLEU by default; chrF and TER on request).

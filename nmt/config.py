@@ -21,6 +21,7 @@ from typing import Any, Literal, Union
 
 import yaml
 
+from nmt import limits
 from nmt.errors import ConfigError, NmtError
 from nmt.languages import BT_TAG, same, target_tag
 
@@ -209,8 +210,8 @@ MODEL_LIMITS = {
     "d_model": 16_384,
     "d_ff": 65_536,
     "heads": 256,
-    "max_positions": 65_536,
-    "vocab_size": 1_000_000,
+    "max_positions": limits.MAX_POSITIONS,
+    "vocab_size": limits.MAX_VOCAB,
 }
 
 
@@ -649,6 +650,10 @@ def _check(cfg: Config, source: str, corpora: bool = True) -> None:
     if bt is not None:
         need(len(bt.mono) > 0 or not corpora, "data.backtranslate.mono", "names no monolingual file")
         need(bt.max_lines is None or bt.max_lines > 0, "data.backtranslate.max_lines", "must be positive")
+        for key in ("seed", "max_lines"):  # nmt backtranslate's --seed and --max-lines: refused here, not
+            value = getattr(bt, key)  # after the reverse model has trained
+            why = limits.QUANTITIES[key].problem(value) if value is not None else None
+            need(why is None, f"data.backtranslate.{key}", f"must be {why}, got {value}")
         need(0 < bt.weight < math.inf, "data.backtranslate.weight", f"must be positive, got {bt.weight}")
         need(
             bt.reverse_minutes is None or bt.reverse_minutes > 0,
@@ -716,6 +721,15 @@ def _check_decode(d: DecodeConfig, need, key) -> None:
         "temperature",
         f"must be positive, got {d.temperature}",
     )
+    # The rest of each bound (the most values, the seed's range), as nmt.limits states it for the options
+    # of the same names: a recipe or a request may not ask for what the command line may not.
+    for name in DECODE_BOUNDED:
+        value = getattr(d, name)
+        why = limits.QUANTITIES[name].problem(value)
+        need(why is None, name, f"must be {why}, got {limits.show(value)}")
+
+
+DECODE_BOUNDED = [f.name for f in dataclasses.fields(DecodeConfig) if f.name in limits.QUANTITIES]
 
 
 def _join(prefix: str, key: Any) -> str:

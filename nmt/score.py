@@ -25,6 +25,7 @@ from sacrebleu.significance import PairedTest
 
 from nmt.errors import DataError, NmtError
 from nmt.languages import short
+from nmt.limits import check
 from nmt.output import stdout
 
 METRIC_NAMES = tuple(name.lower() for name in METRICS)  # ("bleu", "chrf", "ter")
@@ -227,6 +228,7 @@ def score_files(
     """
     console = console or Console(stderr=True)
     stdout()  # a closed standard output is one line before the work, not a score printed to nowhere
+    check("--width", width)
     names = parse_metrics(metrics)
     if not refs:
         raise NmtError("no reference file given (-r REF)")

@@ -32,6 +32,7 @@ from torch import Tensor
 from nmt.checkpoint import load_checkpoint, save_checkpoint
 from nmt.config import ShortlistSizes
 from nmt.errors import DataError, NmtError
+from nmt.limits import check
 from nmt.tokens import BOS, EOS, PAD, UNK
 
 # The defaults of `nmt shortlist`, kept where its options can read them without importing torch
@@ -182,10 +183,6 @@ def build_shortlist(
     return Shortlist(frequent_ids, table)
 
 
-# IBM Model 1's EM converges in a handful of iterations; more only spends time.
-MAX_ITERATIONS = 100
-
-
 def data_prefix(data: Path) -> Path:
     """The prefix of the binarized training split `--data` names: a work directory, its data/ folder,
     or the split's prefix itself."""
@@ -228,15 +225,12 @@ def training_pairs(data: Path | None = None, src: Path | None = None, tgt: Path 
 
 
 def check_sizes(frequent: int, per_source: int, iterations: int) -> None:
-    """The counts of `nmt shortlist`, checked before any work. The two sizes have no upper bound to
-    refuse: a set never holds more than the vocabulary, so larger counts mean all of it (build_shortlist
-    takes them as that, and allocates no more)."""
-    if frequent < 0:
-        raise NmtError(f"--frequent {frequent}: expected 0 or more")
-    if per_source < 1:
-        raise NmtError(f"--per-source {per_source}: expected 1 or more")
-    if not 1 <= iterations <= MAX_ITERATIONS:
-        raise NmtError(f"--iterations {iterations}: expected 1 to {MAX_ITERATIONS}")
+    """The counts of `nmt shortlist`, checked before any work against nmt.limits. The two sizes have no
+    upper bound to refuse: a set never holds more than the vocabulary, so larger counts mean all of it
+    (build_shortlist takes them as that, and allocates no more)."""
+    check("--frequent", frequent)
+    check("--per-source", per_source)
+    check("--iterations", iterations)
 
 
 def check_data(data: Path, prefix: Path, proto: bytes, vocab: int, model: Path) -> None:

@@ -195,6 +195,8 @@ def test_a_backtranslation_recipe_is_checked_once_in_one_line(setup, tmp_path):
     for key, value, why in [
         ("mono", [], "names no monolingual file"),
         ("max_lines", 0, "must be positive"),
+        ("max_lines", 2**41, "must be at most 1,099,511,627,776"),  # nmt backtranslate --max-lines's bound
+        ("seed", -1, "must be at least 0"),  # and --seed's: refused before the reverse model trains
         ("weight", 0, "must be positive"),
         ("reverse_minutes", -1, "must be positive"),
         ("name", "train", "already names a training corpus"),

@@ -47,6 +47,11 @@ def test_a_misspelt_key_is_named_with_a_suggestion(tmp_path):
         ("model.dropout=1.5", "model.dropout: must be in [0, 1)"),
         ("train.cooldown=1.5", "train.cooldown: must be in [0, 1]"),
         ("decode.nbest=9", "decode.nbest: must be between 1 and decode.beam"),
+        # the bounds nmt.limits states for the options of the same names (nmt translate --beam, --seed)
+        ("decode.beam=5000", "decode.beam: must be at most 1,024"),
+        ("decode.seed=-1", "decode.seed: must be at least 0, got -1"),
+        ("decode.max_len_b=100000000000000000000", "decode.max_len_b: must be at most 65,536"),
+        ("decode.temperature=0.001", "decode.temperature: must be at least 0.01"),
         ("train=3", "train: expected a mapping"),
         ("nosuch.key=1", "unknown key nosuch"),
         ("train.max_steps", "expected KEY=VALUE"),

@@ -16,6 +16,7 @@ import nmt
 
 LAYERS = [
     ["nmt", "nmt.errors", "nmt.tokens", "nmt.progress", "nmt.languages"],  # nothing of nmt
+    ["nmt.limits"],  # the bounds of every number the commands take
     ["nmt.atomic", "nmt.config"],
     ["nmt.output", "nmt.device"],
     ["nmt.subword", "nmt.score", "nmt.plot", "nmt.sentences"],

@@ -312,7 +312,7 @@ def test_out_of_range_decoding_options_exit_2(checkpoint, option, value):
     result = CliRunner().invoke(app, ["translate", "-m", str(checkpoint), option, value], input=b"a\n")
     assert result.exit_code == 2 and result.stdout == "", result.output  # 2: no exception escaped
     (message,) = result.stderr.strip().splitlines()  # one line, no traceback
-    assert f"{option}: " in message and f"got {value}" in message, message
+    assert message.startswith(f"error: {option} {value}: "), message  # as typed, checked before loading
 
 
 def test_decode_overrides_follow_the_recipe_rules():

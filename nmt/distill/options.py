@@ -9,6 +9,7 @@ from pathlib import Path
 from nmt.config import Engine, Precision
 from nmt.data.filters import FilterSettings
 from nmt.errors import ConfigError
+from nmt.limits import check
 
 SELECT = ("chrf", "top1")
 INIT = ("scratch", "teacher")
@@ -47,12 +48,7 @@ def check_options(opts: DistillOptions) -> None:
         raise ConfigError("--select chrf needs references, and --mono text has none: use --select top1")
     if opts.mono is not None and not opts.mono.is_file():
         raise ConfigError(f"--mono {opts.mono}: no such file")
-    if opts.nbest < 1:
-        raise ConfigError(f"--nbest {opts.nbest}: expected at least 1")
-    if opts.chunk_lines < 1:
-        raise ConfigError(f"--chunk-lines {opts.chunk_lines}: expected at least 1")
-    f = opts.filters
-    if f.max_ratio < 1:
-        raise ConfigError(f"--max-ratio {f.max_ratio:g}: expected at least 1")
-    if not 0 <= f.worst_percent < 100:
-        raise ConfigError(f"--drop-worst {f.worst_percent:g}: expected a percentage from 0 to under 100")
+    check("--nbest", opts.nbest)
+    check("--chunk-lines", opts.chunk_lines)
+    check("--max-ratio", opts.filters.max_ratio)
+    check("--drop-worst", opts.filters.worst_percent)

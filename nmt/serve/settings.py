@@ -4,9 +4,10 @@ errors stop being the client's."""
 from __future__ import annotations
 
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from nmt.errors import NmtError
+from nmt.limits import QUANTITIES, check
 
 
 @dataclass(frozen=True)
@@ -28,21 +29,9 @@ class ServeSettings:
     cors_origins: str = "*"  # origins whose pages may call the server, comma-separated; "" for none
 
     def check(self) -> ServeSettings:
-        if not 0 <= self.port <= 65535:
-            raise NmtError(f"--port {self.port}: must be between 0 and 65535")
-        for option, ok in (
-            ("--batch-wait-ms", self.batch_wait_ms >= 0),
-            ("--max-chars", self.max_chars >= 1),
-            ("--max-queue", self.max_queue >= 1),
-            ("--timeout", self.timeout > 0),
-            ("--read-timeout", self.read_timeout > 0),
-            ("--keep-alive", self.keep_alive > 0),
-            ("--max-connections", self.max_connections >= 1),
-            ("--shutdown-timeout", self.shutdown_timeout > 0),
-        ):
-            if not ok:
-                name = option.removeprefix("--").replace("-", "_")
-                raise NmtError(f"{option} {getattr(self, name)}: out of range (see nmt serve --help)")
+        for f in fields(self):  # each number against its bound in nmt.limits, named as its option
+            if f.name in QUANTITIES:
+                check("--" + f.name.replace("_", "-"), getattr(self, f.name))
         for origin in self.origins:
             if origin != "*" and not (origin.startswith(("http://", "https://")) and origin.count("/") == 2):
                 raise NmtError(

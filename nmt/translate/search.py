@@ -221,6 +221,9 @@ class Sampler:
             probs, order = logits.softmax(dim=1).sort(dim=1, descending=True)  # (N, V)
             # keep the smallest set whose mass reaches topp: a token stays if the mass before it is short
             outside = (probs.cumsum(dim=1) - probs) >= self.topp
+            # The likeliest token always stays: compared with fp32 mass, a topp below fp32's least
+            # number (1e-300) is 0, which would leave no token at all to draw from.
+            outside[:, 0] = False
             logits = logits.masked_fill(outside.scatter(1, order, outside), -math.inf)
         tokens = torch.multinomial(logits.softmax(dim=1), 1, generator=self.generator).squeeze(1)
         return lprobs.gather(1, tokens[:, None]).squeeze(1), tokens

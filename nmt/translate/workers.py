@@ -36,6 +36,7 @@ import torch
 
 from nmt.config import Engine
 from nmt.errors import ConfigError, NmtError
+from nmt.limits import check, max_workers  # noqa: F401 (the bound on --workers, where callers look)
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -226,15 +227,6 @@ def work(conn: Connection, ends: list[Connection], translator, threads: int) -> 
         os._exit(status)
 
 
-def max_workers() -> int:
-    """The most workers `nmt translate` runs: the CPUs this process may run on (its affinity: a
-    container's or taskset's share, not the machine's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        return os.cpu_count() or 1
-
-
 def plan_workers(
     requested: int | None,
     engine: str,
@@ -249,13 +241,11 @@ def plan_workers(
     where workers cannot help or are not wanted: lines answered one by one, a GPU, sampling (one random
     stream for the whole input), and by default a glossary (its lines are searched in the parent).
     With CTranslate2 the workers are its `inter_threads` (BatchThreads), in one process."""
-    if requested is not None and requested < 1:
-        raise NmtError(f"--workers {requested}: give 1 or more")
-    if requested is not None and requested > max_workers():
-        # Refused, not clamped: more processes than CPUs only share them out (each worker has at least
-        # one thread) and each holds its own activations, so the count asked for is a mistake to fix,
-        # and a clamp would run something other than what was asked without the user knowing why.
-        raise NmtError(f"--workers {requested}: at most {max_workers()}, the CPUs this process may run on")
+    # More than the CPUs (nmt.limits) is refused, not clamped: more processes than CPUs only share them
+    # out (each worker has at least one thread) and each holds its own activations, so the count asked
+    # for is a mistake to fix, and a clamp would run something other than what was asked without the
+    # user knowing why.
+    check("--workers", requested)
     alone = (
         "lines are answered one by one"
         if interactive
