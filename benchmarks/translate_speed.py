@@ -1,7 +1,8 @@
 """Translation speed: nmt's PyTorch engine and CTranslate2, side by side on one model and one input.
 
 Target subwords/s, sentences/s, latency, peak RSS and agreement per engine, over --model, --input, --beam,
---shortlist, --refs, --threads, --device, --repeats; --terminology measures glossaries. Engines, method and
+--shortlist, --refs, --threads, --device, --repeats; --terminology measures glossaries, --glossary-entries
+the time to read a large one. Engines, method and
 figures: benchmarks/README.md, Translation speed and Terminology.
 """
 
@@ -350,6 +351,38 @@ def terminology(args: argparse.Namespace, argv: list[str] | None) -> None:
         common.record(text, "## Terminology", args.results)
 
 
+def glossary_load(args: argparse.Namespace) -> None:
+    """Seconds to read an N-entry glossary file and check it against --model's vocabulary, as `nmt translate
+    --glossary` does once a process: the median of --repeats, each in a fresh process (a warm one would
+    find the strings and the allocator ready)."""
+    from nmt.checkpoint import checkpoint_subword
+
+    checkpoint_subword(args.model[0])  # refused here, in one line, where it is no checkpoint
+    with tempfile.TemporaryDirectory(prefix="glossary-load-") as tmp:
+        path = Path(tmp) / "glossary.tsv"
+        n = args.glossary_entries
+        path.write_text("".join(f"term{i} word{i % 7}\tBegriff{i} Wort{i % 7}\n" for i in range(n)))
+        code = (
+            "import sys, time\n"
+            "from nmt.checkpoint import checkpoint_subword\n"
+            "from nmt.subword import Subword\n"
+            "from nmt.translate.terminology import Terminology, read_glossary\n"
+            "sub = Subword(checkpoint_subword(sys.argv[1]))\n"
+            "start = time.perf_counter()\n"
+            "Terminology(sub, 1024, read_glossary(sys.argv[2]))\n"
+            "print(time.perf_counter() - start)\n"
+        )
+        command = [sys.executable, "-c", code, str(args.model[0]), str(path)]
+        times = [
+            float(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
+            for _ in range(args.repeats)
+        ]
+    print(
+        f"reading {n:,} glossary entries ({path.name}, checked against {args.model[0]}): "
+        f"median {statistics.median(times):.3f} s of {', '.join(f'{t:.3f}' for t in times)}"
+    )
+
+
 def main(argv: list[str] | None = None) -> list[Result]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
@@ -371,6 +404,8 @@ def main(argv: list[str] | None = None) -> list[Result]:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="without --model: a recipe override for the random model (repeatable)")  # fmt: skip
     p.add_argument("--terminology", action="store_true", help="glossaries on Multi30k (needs --model)")
+    p.add_argument("--glossary-entries", type=int, metavar="N",
+                   help="instead: seconds to read an N-entry glossary with --model")  # fmt: skip
     p.add_argument("--workers", type=int, help="instead: whole commands, 1 process against N (processes)")
     p.add_argument("--json", action="store_true", help="print the rows and what ran as one JSON object")
     p.add_argument("--record", action="store_true", help="append the figures to benchmarks/RESULTS.md")
@@ -379,6 +414,11 @@ def main(argv: list[str] | None = None) -> list[Result]:
     args = p.parse_args(argv)
     if args.worker:
         worker()
+        return []
+    if args.glossary_entries:
+        if not args.model:
+            p.error("--glossary-entries needs --model")
+        glossary_load(args)
         return []
     if args.terminology:
         if not args.model:
