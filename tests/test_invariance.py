@@ -93,3 +93,18 @@ def test_the_model_has_near_ties(multi30k_run):
         scores.setdefault(index, []).append(float(score))
     gaps = sorted(s[0] - s[1] for s in scores.values() if len(s) == 2)
     assert gaps[0] < 0.01, gaps[:5]
+
+
+def test_int8_the_same_lines_every_batch_budget_and_one_at_a_time(multi30k_run):
+    """int8 rounds each row's activations with a scale of its own, so a last-bit difference that a longer
+    batch companion makes (softmax and attention sums over more masked positions) can become a whole
+    rounding step, and at a near-tie another word. Each source is padded to its own width (rounded up to
+    8) whatever shares its batch, so it sees the same numbers alone and in any batch."""
+    reference = translate(multi30k_run, "--dtype", "int8")
+    assert len(reference) == 1000
+    for budget in ("1000", "32000"):
+        assert translate(multi30k_run, "--dtype", "int8", "--max-tokens", budget) == reference, budget
+    src = (multi30k_run / "data" / "test" / "test_2016_flickr.en").read_text()
+    lines = src.split("\n")[:100]
+    alone = translate(multi30k_run, "--dtype", "int8", "--interactive", stdin="\n".join(lines) + "\n")
+    assert alone == reference[:100]
