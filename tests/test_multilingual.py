@@ -278,7 +278,8 @@ def test_a_leading_tag_goes_into_every_sentence_of_its_line(trained, tmp_path):
 
 def test_a_multilingual_teacher_teaches_any_of_its_directions_and_no_other(trained, task):
     from nmt.checkpoint import checkpoint_config
-    from nmt.distill.steps import DistillOptions, check_teacher
+    from nmt.distill.options import DistillOptions
+    from nmt.distill.steps import check_teacher
 
     model, _ = trained
     teacher = checkpoint_config(model)

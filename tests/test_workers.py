@@ -17,8 +17,9 @@ import pytest
 import torch
 
 from nmt.errors import NmtError
+from nmt.limits import max_workers
 from nmt.translate.frontend import LineTranslator
-from nmt.translate.workers import max_workers, plan, plan_workers
+from nmt.translate.workers import plan, plan_workers
 from nmt.untrained import save_random_model
 
 from .conftest import cli, one_error_line
@@ -87,6 +88,36 @@ def test_two_workers_write_the_bytes_of_one_process(model, lines, tmp_path, monk
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "one.txt", "pids", "two.txt"]
 
 
+@pytest.mark.numerics
+def test_a_glossary_through_workers_writes_the_bytes_of_one_process(model, lines, tmp_path, monkeypatch):
+    """The lines with terms are searched by the workers too, not by the parent while they wait."""
+    src, glossary = tmp_path / "in.txt", tmp_path / "terms.tsv"
+    src.write_text("\n".join(lines) + "\n")
+    glossary.write_text("p\tk\no\tm\n")
+    with_terms = [i for i, line in enumerate(lines) if {"p", "o"} & set(line.split())]
+    assert 5 <= len(with_terms) <= len(lines) - 10  # both kinds of line, in several batches
+    extra = ["--glossary", glossary]
+    one = translate(model, src, tmp_path / "one.txt", "--workers", "1", *extra)
+    search = LineTranslator.search_batch
+    log = tmp_path / "pids"
+
+    def logged(self, ids, wanted, constraints=None, nbest=None):
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()} {constraints is not None}\n")
+        return search(self, ids, wanted, constraints, nbest)
+
+    monkeypatch.setattr(LineTranslator, "search_batch", logged)
+    assert translate(model, src, tmp_path / "two.txt", "--workers", "2", *extra) == one
+    out = one.decode().split("\n")
+    for i in with_terms:  # each term placed as often as its source word is there
+        for word, term in [("p", "k"), ("o", "m")]:
+            assert out[i].split().count(term) >= lines[i].split().count(word), (lines[i], out[i])
+    searched = [line.split() for line in log.read_text().splitlines()]
+    assert os.getpid() not in {int(pid) for pid, _ in searched}  # no batch searched in the parent
+    assert {terms for _, terms in searched} == {"True", "False"}
+    assert len({pid for pid, _ in searched}) == 2
+
+
 def test_split_sentences_through_workers(model, tmp_path):
     src = tmp_path / "in.txt"
     src.write_text("a b c. d e f.\n\ng h i j. k\n")
@@ -127,21 +158,20 @@ def test_a_short_prefix_file_with_workers_is_the_one_process_error(model, lines,
 
 def test_where_one_process_translates():
     cpu = torch.device("cpu")
-    assert plan_workers(None, "torch", cpu, interactive=True, terms=False) == 1
-    assert plan_workers(None, "torch", cpu, interactive=False, terms=True) == 1
-    assert plan_workers(None, "torch", torch.device("cuda"), interactive=False, terms=False) == 1
-    assert plan_workers(max_workers(), "torch", cpu, interactive=False, terms=True) == max_workers()
+    assert plan_workers(None, "torch", cpu, interactive=True) == 1
+    assert plan_workers(None, "torch", torch.device("cuda"), interactive=False) == 1
+    assert plan_workers(max_workers(), "torch", cpu, interactive=False) == max_workers()
     for device, interactive, why in [
         (cpu, True, "one by one"),
         (torch.device("cuda"), False, "--device cuda"),
     ]:
         with pytest.raises(NmtError, match=why):
-            plan_workers(2, "torch", device, interactive, terms=False)
+            plan_workers(2, "torch", device, interactive)
     with pytest.raises(NmtError, match="--workers 0"):
-        plan_workers(0, "torch", cpu, interactive=False, terms=False)
-    assert plan_workers(None, "ctranslate2", cpu, interactive=False, terms=False, sampling=True) == 1
+        plan_workers(0, "torch", cpu, interactive=False)
+    assert plan_workers(None, "ctranslate2", cpu, interactive=False, sampling=True) == 1
     with pytest.raises(NmtError, match="random stream"):
-        plan_workers(2, "ctranslate2", cpu, interactive=False, terms=False, sampling=True)
+        plan_workers(2, "ctranslate2", cpu, interactive=False, sampling=True)
 
 
 @pytest.mark.numerics
@@ -267,7 +297,7 @@ def test_more_workers_than_cpus_are_refused_before_any_fork(model, tmp_path, mon
     monkeypatch.setattr("multiprocessing.context.ForkContext.Process", None)  # a fork would fail here
     for n in (too_many, 100000):
         with pytest.raises(NmtError, match=f"--workers {n}: at most {max_workers()}"):
-            plan(n, "torch", torch.device("cpu"), interactive=False, terms=False)
+            plan(n, "torch", torch.device("cpu"), interactive=False)
     src = tmp_path / "src.txt"
     src.write_text("a b c\n")
     start = time.monotonic()

@@ -51,7 +51,7 @@ def translate_chunks(
     chunks = math.ceil(len(lines) / chunk_lines)
     todo = [k for k in range(chunks) if not chunk_done(folder, k, len(lines), chunk_lines, console)]
     sampling = bool(run.overrides.values.get("sampling"))
-    plan = worker_plan(None, run.engine, resolve_device(run.device), False, False, sampling)
+    plan = worker_plan(None, run.engine, resolve_device(run.device), False, sampling)
     try:
         return _translate(lines, todo, chunks, folder, chunk_lines, run, plan, console)
     finally:

@@ -21,7 +21,7 @@ from rich.console import Console
 from nmt.config import DecodeConfig
 from nmt.errors import NmtError
 from nmt.languages import short
-from nmt.translate.constraints import beam_needed
+from nmt.translate.constraints import Constraint, beam_needed
 from nmt.translate.torch_engine import TorchEngine, padded_width
 
 # Every character str.splitlines() breaks on: none may survive inside one output line.
@@ -222,73 +222,59 @@ class LineTranslator:
         batched among themselves and searched under them, the others as without.
         """
         results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in range(count)]
-        keys = [i for i in sources if i not in constraints] if constraints else list(sources)
-        self.search_batches(results, keys, sources, forced, nbest, on_batch=on_batch)
-        if constraints:  # the lines with terms: batched among themselves, searched under their terms
-            terms = self.terminology
-
-            def search(lines: list[int], ids: list[list[int]], prefixes, n) -> list:
-                batch = terms.batch([constraints[i] for i in lines])
-                self.note_beam(beam_needed(batch.sentences))
-                return self.engine.search(ids, prefixes, n, batch)
-
-            keys = [i for i in sources if i in constraints]
-            self.search_batches(results, keys, sources, forced, nbest, search, on_batch)
-        return results
-
-    def search_batches(
-        self,
-        results: list[list[tuple[str, float]]],
-        keys: list[int],
-        sources: dict[int, list[int]],
-        forced: dict[int, list[int]] | None,
-        nbest: int | None,
-        search: Callable | None = None,
-        on_batch: Callable[[int], None] | None = None,
-    ) -> None:
-        """The lines `keys` batched by cost (token_batches) and searched, a batch at a time, by
-        `search(lines, ids, prefixes, nbest) -> list[list[Hypothesis]]` (`lines`: their indices), or by
-        default by the engine, through the worker processes when there are (search_many); their n-best
-        written into `results`, each on one line."""
-        d = self.decode
-        rows = rows_per_sentence(d, nbest)
-        lengths = [len(sources[i]) + 1 for i in keys]
-        batches = [
-            [keys[j] for j in batch]
-            for batch in token_batches(lengths, d.batch_tokens, rows, d, self.max_source)
-        ]
+        constraints = constraints or {}
+        free = [i for i in sources if i not in constraints]
+        bound = [i for i in sources if i in constraints]
+        # Both kinds in one call: the workers take the lines with terms as they take the others, so a
+        # glossary costs its searches, not the idle cores of a search done here meanwhile.
+        batches = self.batches(free, sources, nbest) + self.batches(bound, sources, nbest)
         work = [
-            ([sources[i] for i in lines], [forced.get(i, []) for i in lines] if forced else None)
+            (
+                [sources[i] for i in lines],
+                [forced.get(i, []) for i in lines] if forced else None,
+                [constraints[i] for i in lines] if lines[0] in constraints else None,
+            )
             for lines in batches
         ]
-        if search is None:
-            found = self.search_many(work, nbest)
-        else:
-            found = (
-                (b, self.texts(search(batches[b], ids, wanted, nbest)))
-                for b, (ids, wanted) in enumerate(work)
-            )
-        for b, hyps in found:
+        if bound:
+            self.note_beam(max(beam_needed(terms) for _, _, terms in work if terms is not None))
+        for b, hyps in self.search_many(work, nbest):
             for i, line in zip(batches[b], hyps, strict=True):
                 results[i] = line
             if on_batch is not None:
                 on_batch(len(batches[b]))
+        return results
 
-    def search_many(
-        self, work: list[tuple[list[list[int]], list[list[int]] | None]], nbest: int | None = None
-    ) -> Iterator[tuple[int, list[list[tuple[str, float]]]]]:
-        """(index, n-best of each line) of each batch of `work` (its sources' ids and forced prefixes),
-        in any order: one after another here, or by the workers (nmt.translate.workers) while they run
-        (`nmt translate` reading a file with --workers)."""
+    def batches(self, keys: list[int], sources: dict[int, list[int]], nbest: int | None) -> list[list[int]]:
+        """The lines `keys` in batches by cost (token_batches), as lists of their indices."""
+        d = self.decode
+        lengths = [len(sources[i]) + 1 for i in keys]
+        rows = rows_per_sentence(d, nbest)
+        return [
+            [keys[j] for j in batch]
+            for batch in token_batches(lengths, d.batch_tokens, rows, d, self.max_source)
+        ]
+
+    def search_many(self, work: list[tuple], nbest: int | None = None) -> Iterator[tuple[int, list]]:
+        """(index, n-best of each line) of each batch of `work` (its sources' ids, forced prefixes and
+        constraints: search_batch's arguments), in any order: one after another here, or by the workers
+        (nmt.translate.workers) while they run (`nmt translate` reading a file with --workers)."""
         if self.workers is not None and self.workers.running is not None:
             return self.workers.running.search_many(work, nbest)
-        return ((b, self.search_batch(ids, wanted, nbest)) for b, (ids, wanted) in enumerate(work))
+        return ((b, self.search_batch(*batch, nbest)) for b, batch in enumerate(work))
 
     def search_batch(
-        self, ids: list[list[int]], wanted: list[list[int]] | None, nbest: int | None = None
+        self,
+        ids: list[list[int]],
+        wanted: list[list[int]] | None,
+        constraints: list[list[Constraint]] | None = None,
+        nbest: int | None = None,
     ) -> list[list[tuple[str, float]]]:
-        """One batch searched by the engine: the n-best (text, score) of each source, best first."""
-        return self.texts(self.engine.search(ids, wanted, nbest))
+        """One batch searched by the engine: the n-best (text, score) of each source, best first, each
+        under its `constraints` (the terms Terminology.apply found in its line) where given."""
+        if constraints is None:  # the CTranslate2 engine takes no terms (nmt.translate.terminology.refusal)
+            return self.texts(self.engine.search(ids, wanted, nbest))
+        return self.texts(self.engine.search(ids, wanted, nbest, self.terminology.batch(constraints)))
 
     def texts(self, found: list) -> list[list[tuple[str, float]]]:
         """Each source's hypotheses (nmt.translate.search.Hypothesis) as (text on one line, score)."""

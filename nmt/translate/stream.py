@@ -143,8 +143,8 @@ def translate_stream(
     check_files(model_path, input, output, prefix, glossary, avoid, bool(split_sentences))
     split_sentences = prefix is None if split_sentences is None else split_sentences
     interactive = interactive or (input is None and sys.stdin.isatty())
-    terms, sampling = glossary is not None or avoid is not None, bool(overrides.values.get("sampling"))
-    plan = worker_plan(workers, engine, resolve_device(device), interactive, terms, sampling)
+    sampling = bool(overrides.values.get("sampling"))
+    plan = worker_plan(workers, engine, resolve_device(device), interactive, sampling)
     source = prefixes = None
     try:
         built = build_translator(

@@ -36,7 +36,7 @@ import torch
 
 from nmt.config import Engine
 from nmt.errors import ConfigError, NmtError
-from nmt.limits import check, max_workers  # noqa: F401 (the bound on --workers, where callers look)
+from nmt.limits import check
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -91,9 +91,10 @@ class WorkerPool:
             raise
 
     def search_many(
-        self, work: list[tuple[list[list[int]], list[list[int]] | None]], nbest: int | None
+        self, work: list[tuple], nbest: int | None
     ) -> Iterator[tuple[int, list[list[tuple[str, float]]]]]:
-        """(index, n-best (text, score) of each line) of each batch of `work`, as workers finish them.
+        """(index, n-best (text, score) of each line) of each batch of `work` (LineTranslator.search_batch's
+        arguments), as workers finish them.
 
         The costliest batches go first, so the last to finish is a short one and no worker waits long
         for another at the end of a chunk."""
@@ -170,7 +171,7 @@ class BatchThreads:
         self.translator, self.executor = translator, ThreadPoolExecutor(n, thread_name_prefix="batches")
 
     def search_many(
-        self, work: list[tuple[list[list[int]], list[list[int]] | None]], nbest: int | None
+        self, work: list[tuple], nbest: int | None
     ) -> Iterator[tuple[int, list[list[tuple[str, float]]]]]:
         order = sorted(range(len(work)), key=lambda b: -batch_size(work[b][0]))  # costliest first
         search = self.translator.search_batch
@@ -208,9 +209,9 @@ def work(conn: Connection, ends: list[Connection], translator, threads: int) -> 
                 break
             if job is None:
                 break
-            b, ids, wanted, nbest = job
+            b, *batch, nbest = job
             try:
-                reply = (b, translator.search_batch(ids, wanted, nbest), None)
+                reply = (b, translator.search_batch(*batch, nbest), None)
             except NmtError as e:
                 reply = (b, None, e)
             except Exception:
@@ -232,15 +233,15 @@ def plan_workers(
     engine: str,
     device: torch.device,
     interactive: bool,
-    terms: bool,
     sampling: bool = False,
 ) -> int:
     """How many workers `nmt translate` runs: `requested` (--workers), or by default one per thread the
     process would use, of one thread each (benchmarks/RESULTS.md: 2 workers of 1 thread translated
     1.07-1.46x as fast as 1 process of 2 threads) where the whole input is read anyway. One process
     where workers cannot help or are not wanted: lines answered one by one, a GPU, sampling (one random
-    stream for the whole input), and by default a glossary (its lines are searched in the parent).
-    With CTranslate2 the workers are its `inter_threads` (BatchThreads), in one process."""
+    stream for the whole input). A glossary's lines go to the workers as the others do (each worker's
+    fork holds the glossary). With CTranslate2 the workers are its `inter_threads` (BatchThreads), in
+    one process."""
     # More than the CPUs (nmt.limits) is refused, not clamped: more processes than CPUs only share them
     # out (each worker has at least one thread) and each holds its own activations, so the count asked
     # for is a mistake to fix, and a clamp would run something other than what was asked without the
@@ -261,7 +262,7 @@ def plan_workers(
         return 1
     if requested is not None:
         return requested
-    return 1 if terms else max(1, torch.get_num_threads())
+    return max(1, torch.get_num_threads())
 
 
 @dataclass
@@ -322,13 +323,12 @@ def plan(
     engine: Engine | str,
     device: torch.device,
     interactive: bool,
-    terms: bool,
     sampling: bool = False,
 ) -> WorkerPlan:
     """The worker plan of `nmt translate` (plan_workers), made before the model loads: with worker
     processes the process drops to one thread now, as forking needs (the module docstring's OpenMP rule),
     and each worker takes its share of the threads after the fork."""
-    workers = plan_workers(requested, engine, device, interactive, terms, sampling)
+    workers = plan_workers(requested, engine, device, interactive, sampling)
     parent = torch.get_num_threads()
     ct2 = Engine.parse(engine, "--engine") is Engine.CTRANSLATE2
     threads = 0
