@@ -257,6 +257,7 @@ def terminology(args: argparse.Namespace, argv: list[str] | None) -> None:
 
     from nmt.checkpoint import load_model
     from nmt.translate import Translator
+    from nmt.translate.align import Aligner
     from nmt.translate.terminology import Glossary, Terminology, entry
 
     torch.set_num_threads(args.threads)
@@ -315,6 +316,24 @@ def terminology(args: argparse.Namespace, argv: list[str] | None) -> None:
             f"{sacrebleu.corpus_bleu(hyps, refs).score:.2f} / {sacrebleu.corpus_chrf(hyps, refs).score:.2f}"
         )
 
+    # Where the terms went. `unknown`: each line's lexicon word given another entry's target, a term the
+    # model would not write there by itself, as "bike -> Velo" is for the demo model.
+    others = sorted(set(lex.values()))
+    unknown = {
+        i: (a, others[(others.index(b) + len(others) // 2) % len(others)]) for i, (a, b) in own.items()
+    }
+    aligner, ends, placed = Aligner(model, sub), terminology.ends, {}
+    for rule in (True, False):  # with the search's sentence-end rule (the default) and without it
+        terminology.ends = ends if rule else None
+        ref_out = out if rule else run(constraints(terms))
+        strange = run(constraints(unknown))
+        said = "" if rule else ", no end rule"
+        placed[f"reference's term{said}"] = [placement(aligner, src[i], ref_out[i], *terms[i]) for i in rows]
+        placed[f"another entry's term{said}"] = [
+            placement(aligner, src[i], strange[i], *unknown[i]) for i in sorted(unknown)
+        ]
+    terminology.ends = ends
+
     quality = [
         ("lines with a term", f"{len(rows)} of {len(src)} ({len(lex)} lexicon entries)"),
         ("term-use rate unconstrained", f"{sum(got >= want for got, want in before) / len(rows):.1%}"),
@@ -323,6 +342,10 @@ def terminology(args: argparse.Namespace, argv: list[str] | None) -> None:
         ("BLEU / chrF unconstrained", score([base[i] for i in rows])),
         ("BLEU / chrF constrained", score([out[i] for i in rows])),
         ("other lines byte-identical", f"{sum(out[i] == base[i] for i in keep)} of {len(keep)}"),
+        *(
+            (f"{name}: placed / appended / elsewhere / unaligned", shares(found))
+            for name, found in placed.items()
+        ),
     ]
     every, speed = {**own, **terms}, []
     for share in (0.0, 0.1, 1.0):
@@ -349,6 +372,36 @@ def terminology(args: argparse.Namespace, argv: list[str] | None) -> None:
     print(text)
     if args.record:
         common.record(text, "## Terminology", args.results)
+
+
+SENTENCE_END = re.compile(r"[.!?…]+[\"'»“”)]*$")
+
+
+def placement(aligner, source: str, hyp: str, term: str, target: str) -> str:
+    """Where `target`, the glossary's term for the source word `term`, went in `hyp`: "appended" after
+    the translation's own end (as many sentence ends before it as the source has in all: "Ein Mann fährt
+    ein Fahrrad. Velo."), "placed" where the model's attention aligns it to `term` (nmt.translate.align),
+    "elsewhere", or "unaligned" where the alignment cannot be read (or the term is missing)."""
+    out, words_in = hyp.split(), source.split()
+    at = [j for j, w in enumerate(out) if re.sub(r"\W+$", "", re.sub(r"^\W+", "", w)) == target]
+    if not at:
+        return "unaligned"
+    j = at[0]
+    ends = sum(bool(SENTENCE_END.search(w)) for w in words_in)
+    if ends and sum(bool(SENTENCE_END.search(w)) for w in out[:j]) >= ends:
+        return "appended"
+    links = aligner.align(source, hyp)
+    if links is None:
+        return "unaligned"
+    sources = {i for i, w in enumerate(words_in) if re.sub(r"\W+", "", w).lower() == term}
+    return "placed" if links[j] in sources else "elsewhere"
+
+
+def shares(found: list[str]) -> str:
+    """The share of each placement, and the number of lines."""
+    n = max(1, len(found))
+    kinds = ("placed", "appended", "elsewhere", "unaligned")
+    return " / ".join(f"{found.count(k) / n:.1%}" for k in kinds) + f" of {len(found)}"
 
 
 def glossary_load(args: argparse.Namespace) -> None:

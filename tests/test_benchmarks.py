@@ -179,6 +179,35 @@ def test_train_speed_without_fairseq_reports_nmt_only():
     assert speed.median_after_warmup([1, 100, 3, 3, 5, 5, 5, 5]) == 5
 
 
+def test_terminology_placement_tells_a_term_in_place_from_one_appended():
+    translate = importlib.import_module("translate_speed")
+
+    class Aligner:  # each output word to the source word the test says
+        def __init__(self, links):
+            self.links = links
+
+        def align(self, source, hyp):
+            return self.links
+
+    source = "A man rides a bike."
+    placed = Aligner([0, 1, 2, 3, 4])  # "Velo." to "bike."
+    assert translate.placement(placed, source, "Ein Mann fährt ein Velo.", "bike", "Velo") == "placed"
+    beside = Aligner([0, 1, 2, 3, 2])  # "Velo." to "rides"
+    assert translate.placement(beside, source, "Ein Mann fährt ein Velo.", "bike", "Velo") == "elsewhere"
+    after = "Ein Mann fährt ein Fahrrad. Velo."
+    assert translate.placement(placed, source, after, "bike", "Velo") == "appended"
+    # a source of two sentences: the first sentence's end is not the translation's
+    two = "A man rides a bike. He smiles."
+    inside = Aligner([0, 1, 4, 5, 6])  # "Velo" to "bike."
+    assert translate.placement(inside, two, "Ein Mann. Velo lächelt.", "bike", "Velo") == "placed"
+    assert translate.placement(placed, two, "Ein Mann. Er lächelt. Velo.", "bike", "Velo") == "appended"
+    assert translate.placement(placed, source, "Ein Mann fährt.", "bike", "Velo") == "unaligned"
+    assert translate.placement(Aligner(None), source, "Ein Velo.", "bike", "Velo") == "unaligned"
+    assert translate.shares(["placed", "placed", "appended", "elsewhere"]) == (
+        "50.0% / 25.0% / 25.0% / 0.0% of 4"
+    )
+
+
 def test_terminology_lexicon_pairs_the_words_that_occur_together(capsys):
     translate = importlib.import_module("translate_speed")
     pairs = [

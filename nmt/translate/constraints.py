@@ -77,6 +77,7 @@ class Terms:
     sentences: list[list[Constraint]]
     avoid: list[list[int]]
     glue: Tensor | None = None
+    ends: Tensor | None = None  # (V,) bool: the tokens that end a sentence (".", "!", "?")
 
 
 def beam_needed(sentences: list[list[Constraint]]) -> int:
@@ -96,19 +97,19 @@ def constraint_tokens(constraints: list[Constraint]) -> list[int]:
 
 
 def renumbered(
-    constraints: list[list[Constraint]], avoid: list[list[int]], glue: Tensor | None, numbering: Tensor
-) -> tuple[list[list[Constraint]], list[list[int]], Tensor | None]:
-    """The constraints, avoided phrases and glue (V,) of a search over a part of the vocabulary whose token
-    i is vocabulary id numbering[i] (U,): a shortlist's union (nmt.shortlist). Every constraint token is
-    in the part (the engine adds constraint_tokens to each sentence's set); a phrase with a token outside
-    it can never be produced, so it needs no ban."""
+    constraints: list[list[Constraint]], avoid: list[list[int]], masks: list[Tensor | None], numbering: Tensor
+) -> tuple[list[list[Constraint]], list[list[int]], list[Tensor | None]]:
+    """The constraints, avoided phrases and token masks (V,) bool (the glue, the sentence ends) of a search
+    over a part of the vocabulary whose token i is vocabulary id numbering[i] (U,): a shortlist's union
+    (nmt.shortlist). Every constraint token is in the part (the engine adds constraint_tokens to each
+    sentence's set); a phrase with a token outside it can never be produced, so it needs no ban."""
     index = {w: i for i, w in enumerate(numbering.tolist())}
     inside = [
         [Constraint(tuple(tuple(index[w] for w in alt) for alt in c.alternatives), c.count) for c in sentence]
         for sentence in constraints
     ]
     kept = [[index[w] for w in phrase] for phrase in avoid if all(w in index for w in phrase)]
-    return inside, kept, glue[numbering.to(glue.device)] if glue is not None else None
+    return inside, kept, [m[numbering.to(m.device)] if m is not None else None for m in masks]
 
 
 @dataclass
@@ -205,6 +206,27 @@ def forbid_unplaced(
     return lprobs.scatter_(1, torch.where(again, next_tokens(pos, paths), PAD), -math.inf)
 
 
+def forbid_early_end(
+    lprobs: Tensor,
+    ends: Tensor,
+    stops: Tensor,
+    limit: Tensor,
+    pos: Tensor,
+    placed: Tensor,
+    paths: Tensor,
+    need: Tensor,
+) -> Tensor:
+    """No sentence end that would be the translation's last (its source's `limit`-th; a source with none
+    sets no limit) while a term is missing, so that a term is written inside its sentence, not appended
+    after it ("Ein Mann fährt ein Fahrrad. Velo."). A token that continues a term stays allowed (a term
+    may end in a period). (N, V), ends (V,) bool, stops and limit (N,) sentence ends so far and in the
+    source, pos (N, P), placed (N, C+1), paths (N, P, L), need (N, C+1)."""
+    early = (stops + 1 >= limit) & (limit > 0) & (placed < need).any(-1)  # (N,)
+    wanted = next_tokens(pos, paths)  # (N, P)
+    kept = lprobs.gather(1, wanted)
+    return lprobs.masked_fill_(early[:, None] & ends, -math.inf).scatter_(1, wanted, kept)
+
+
 def block_phrases(lprobs: Tensor, history: Tensor, phrases: list[Tensor]) -> Tensor:
     """Forbid every token that would complete an avoided phrase: (N, V), (N, t), phrases grouped by
     length, each (Q, n) -> (N, V). The n-gram ban of search.block_repeated_ngrams, with given n-grams."""
@@ -270,6 +292,8 @@ def constrained_beam_search(
     prefix: Tensor | None = None,
     avoid: list[list[int]] | None = None,
     glue: Tensor | None = None,
+    ends: Tensor | None = None,
+    source_ends: Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     """Beam search (nmt.translate.search.beam_search) whose hypotheses must place each sentence's
     `constraints` and never produce an `avoid` phrase -> the `nbest` best of each sentence, best first,
@@ -277,6 +301,8 @@ def constrained_beam_search(
 
     glue: (V,) bool, the tokens that continue a word (subwords without a word-start marker), forbidden
     right after a term so that a term ends a word ("Balkon", not "Balkonenen"); None: no such rule.
+    ends: (V,) bool, the tokens that end a sentence, and source_ends (B,) how many each source has: the
+    translation's last sentence end waits for its terms (forbid_early_end); None: no such rule.
 
     src: (B, S) right-padded ids ending in EOS; prefix (B, P) forced first tokens or None. Rows of the
     state are sentence-major, as beam search's (nmt.translate.search.Beams).
@@ -298,6 +324,9 @@ def constrained_beam_search(
     pos = torch.zeros(rows_of, n_paths, dtype=torch.long, device=dev)  # (rows, P) progress along each path
     placed = torch.zeros(rows_of, cons.need.shape[1], dtype=torch.long, device=dev)  # (rows, C+1)
     ended = torch.zeros(rows_of, dtype=torch.bool, device=dev)  # (rows,) the last token completed a term
+    if ends is not None:  # (rows,) each: the sentence ends written so far, and the source's
+        stops = torch.zeros(rows_of, dtype=torch.long, device=dev)
+        limit = source_ends.repeat_interleave(beams.width, 0)
     per_row = [
         x.repeat_interleave(beams.width, 0) for x in (cons.paths, cons.path_len, cons.owner, cons.need)
     ]
@@ -307,6 +336,8 @@ def constrained_beam_search(
         lprobs = step_log_probs(logits, beams.at_limit(t), masks, t < min_len)  # (rows, V)
         history = beams.seqs[:, :t]
         lprobs = block_phrases(block_repeated_ngrams(lprobs, history, no_repeat_ngram), history, blocked)
+        if ends is not None:
+            lprobs = forbid_early_end(lprobs, ends, stops, limit, pos, placed, per_row[0], per_row[3])
         lprobs = forbid_unplaced(force_prefix(lprobs, beams.row_prefix, t), pos, placed, *per_row)
         if glue is not None:
             lprobs.masked_fill_(ended[:, None] & glue, -math.inf)
@@ -349,9 +380,12 @@ def constrained_beam_search(
         now_placed = cand_placed.gather(1, pick.expand(-1, -1, cand_placed.shape[2])).view(b * k, -1)
         ended = now_placed.sum(1) > placed.index_select(0, rows).sum(1)
         placed = now_placed
+        if ends is not None:
+            stops = stops.index_select(0, rows) + ends[(flat % vocab).view(-1)]
         if beams.widen():  # after step 0: the K beams copy their sentence's row, no reordering
             state, rows = model.expand_beams(state, k), None
             per_row = [x.repeat_interleave(k, 0) for x in per_row]
+            limit = limit.repeat_interleave(k, 0) if ends is not None else None
         # 6. finished sentences are recorded (the live bound uses the best live score: not the first)
         beams.record(beams.done(t, lenpen, nbest, beams.scores.max(1, keepdim=True).values))
         if beams.over:
@@ -363,6 +397,8 @@ def constrained_beam_search(
         keep = beams.survivors()
         keep_rows = beams.compact(keep)
         pos, placed, ended = pos[keep_rows], placed[keep_rows], ended[keep_rows]
+        if ends is not None:
+            stops, limit = stops[keep_rows], limit[keep_rows]
         cons, per_row = cons.select(keep), [x[keep_rows] for x in per_row]
         state = model.select_rows(state, rows[keep_rows] if rows is not None else keep_rows)
     return beams.hypotheses(nbest)

@@ -209,6 +209,15 @@ class Glossary:
         return not (after is not None and after[1] and after[4] and not found[at + n - 1][4])
 
 
+SENTENCE_ENDS = frozenset(".!?…。！？")
+
+
+def sentence_end(piece: str) -> bool:
+    """Whether a subword is sentence-final punctuation alone ("." "▁?" "!!"), as a translation ends."""
+    text = piece.lstrip(WORD_START)
+    return bool(text) and set(text) <= SENTENCE_ENDS
+
+
 def writable(entries: list[Entry], subword: Subword) -> None:
     """Every target written by the vocabulary as it is given: one with a character the vocabulary lacks
     would come out as an unknown token (⁇), one that encodes to nothing could not be placed at all."""
@@ -312,6 +321,8 @@ class Terminology:
         self.avoid = sorted({v for phrase in avoid for v in self.variants(phrase, True)})
         # pieces that continue a word (a letter or digit, no word-start marker): none may follow a term
         self.glue = torch.tensor([p[:1].isalnum() for p in pieces], dtype=torch.bool)
+        # pieces that end a sentence: the last of them in a translation waits for its terms
+        self.ends = torch.tensor([sentence_end(p) for p in pieces], dtype=torch.bool)
         self.check(self.glossary)
 
     def check(self, glossary: Glossary | None) -> None:
@@ -399,7 +410,7 @@ class Terminology:
     def batch(self, sentences: list[list[Constraint]]) -> Terms:
         """What a batch's search obeys (TorchEngine.search's `constraints`): its sentences' constraints, the
         avoid list and the glue."""
-        return Terms(sentences, [list(p) for p in self.avoid], self.glue)
+        return Terms(sentences, [list(p) for p in self.avoid], self.glue, self.ends)
 
     def apply(
         self, lines: dict[int, str], extra: Glossary | None = None, kept: dict[int, list[str]] | None = None

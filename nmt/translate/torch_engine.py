@@ -119,13 +119,16 @@ class TorchEngine:
         width = max(d.beam, beam_needed(terms.sentences))
 
         def search(decoder, src: Tensor, prefix: Tensor | None, numbering: Tensor | None):
-            constraints, avoid, glue = terms.sentences, terms.avoid, terms.glue
+            constraints, avoid, masks = terms.sentences, terms.avoid, [terms.glue, terms.ends]
+            # the sources' sentence ends, counted in the whole vocabulary (a shortlist renumbers the output's)
+            counts = terms.ends.to(src.device)[src].sum(1) if terms.ends is not None else None
             if numbering is not None:  # a shortlist's union: the terms in its numbering
-                constraints, avoid, glue = renumbered(constraints, avoid, glue, numbering)
+                constraints, avoid, masks = renumbered(constraints, avoid, masks, numbering)
+            glue, ends = (m.to(src.device) if m is not None else None for m in masks)
             return constrained_beam_search(
                 decoder, src, constraints, width, d.lenpen, d.max_len_a, d.max_len_b, n,
                 min_len=d.min_len, no_repeat_ngram=d.no_repeat_ngram_size, prefix=prefix,
-                avoid=avoid, glue=glue.to(src.device) if glue is not None else None,
+                avoid=avoid, glue=glue, ends=ends, source_ends=counts,
             )  # fmt: skip
 
         found = self.run(search, ids, prefixes, [constraint_tokens(c) for c in terms.sentences])
