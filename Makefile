@@ -43,11 +43,11 @@ test-avx2: install
 	  $(AVX2_ENV) TORCHINDUCTOR_CACHE_DIR=$$cache $(BIN)/python -m pytest -m numerics -p no:cacheprovider; \
 	else echo "test-avx2: this CPU has no AVX-512 or AMX; the suite already ran its AVX2 kernels"; fi
 
-# The inner loop: every test but those marked slow (trainings, multi-second deadlines and signals). Meant
-# to take 3 minutes on 2 cores; it has grown to 7 min 14 s (839 tests, a quiet fresh clone, AMD EPYC with
-# AVX2 only, 2026-11-26), and pytest names the slowest tests after each run.
+# The inner loop: every test but those marked slow (trainings, multi-second deadlines and signals), in one
+# pytest process per core (pytest-xdist), each test file kept in one process so that its module fixtures
+# are built once; the trained model every file shares is trained once (tests/conftest.py, shared_once).
 test-fast: install
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest -m "not slow" -n auto --dist loadfile
 
 # The whole pipeline on Multi30k EN-DE on the CPU: fetch, preprocess, train, average, translate, score.
 demo: install

@@ -4,8 +4,10 @@ a kill after a function's work)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import random
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -121,11 +123,14 @@ def synthetic_run(tmp_path_factory) -> Path:
     """A work directory with a model trained on the reversal task by the real trainer (about 30 s).
 
     Shared by every test that needs a model that has actually learned something: search, translation,
-    export. Returns the work directory; the model is checkpoints/best.pt.
+    export; read, never written. Returns the work directory; the model is checkpoints/best.pt.
     """
+    return shared_once(tmp_path_factory, "synthetic-run", train_synthetic_run)
+
+
+def train_synthetic_run(workdir: Path) -> None:
     from nmt.train import train
 
-    workdir = tmp_path_factory.mktemp("synthetic-run")
     make_workdir(workdir)
     # This task has loss spikes late in training, and where one falls depends on rounding: at a constant
     # end of the schedule the model learned 85 of 100 validation lines with AVX-512 kernels and 98 with
@@ -141,7 +146,24 @@ def synthetic_run(tmp_path_factory) -> Path:
         clip_norm=1.0,
     )
     train(cfg, workdir)
-    return workdir
+
+
+def shared_once(tmp_path_factory, name: str, make) -> Path:
+    """The folder `name` that `make(folder)` fills, made once per test run: with pytest-xdist
+    (`make test-fast` runs two workers) the first worker to ask makes it under a lock in the run's
+    common base folder and the others wait and reuse it, rather than each spending the same training."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the workers' folders sit side by side in the run's own
+    folder, done = base / name, base / f"{name}.done"
+    with open(base / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also when a worker dies
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # a worker that died halfway left it
+            folder.mkdir()
+            make(folder)
+            done.touch()
+    return folder
 
 
 try:  # Hostile inputs (tests/test_hostile.py): bounded examples, so the suite stays fast on 2 cores

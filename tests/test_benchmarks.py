@@ -348,6 +348,7 @@ def test_the_gpu_check_runs_every_stage_tiny_on_the_cpu(tmp_path, multi30k_mirro
     assert f"| test_2016_flickr | {bleu['score']} |" in md  # nmt run's own results table
 
 
+@pytest.mark.slow  # nmt processes of its own (2-3 s of torch import each)
 def test_a_stage_out_of_time_is_recorded_and_the_rest_still_reported(tmp_path):
     """A stage killed at its cap is a failed stage with its log's end; a stage the budget cannot hold
     is skipped with the reason and the command that runs it alone; the report is still written."""
@@ -428,6 +429,7 @@ def test_carried_wheels_are_unpacked_onto_the_stages_path(tmp_path):
     assert check.install_wheels(empty, tmp_path / "t") == (None, f"--wheels {empty}: no .whl files there")
 
 
+@pytest.mark.slow  # nmt processes of its own (2-3 s of torch import each)
 def test_a_stopped_check_kills_its_stage_and_says_where_it_stopped(tmp_path):
     """SIGTERM (a scheduler's limit) to the check: the running stage's processes end with it, exit 130,
     and the report names the stage it stopped in."""

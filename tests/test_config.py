@@ -99,6 +99,7 @@ def test_invalid_yaml_names_the_line(tmp_path):
         load_config(path)
 
 
+@pytest.mark.slow  # nmt processes of its own (2-3 s of torch import each)
 def test_cli_reports_one_line_and_exit_status_2(tmp_path):
     path = write_recipe(tmp_path, "")
     result = CliRunner().invoke(app, ["train", str(path), "--set", "train.lr=1", "--dry-run"])

@@ -22,6 +22,7 @@ from nmt.distill import DistillOptions, distill
 from nmt.distill import steps as distill_steps
 from nmt.distill.select import select_chrf, select_top1
 from nmt.errors import ConfigError, DataError
+from nmt.limits import max_workers
 from nmt.train import dry_run
 from nmt.translate.chunks import chunk_path
 
@@ -539,7 +540,7 @@ def test_the_teacher_translates_with_the_workers_and_progress_of_nmt_translate(s
         run.step("teacher", run.teacher)
     finally:
         torch.set_num_threads(threads)
-    if workers_module.max_workers() >= 2:
+    if max_workers() >= 2:
         assert started == [(2, 1)]
     total = run.marker_info("teacher")["lines"]
     found = re.finditer(rf"([\d,]+) of {total:,} lines", log.getvalue())

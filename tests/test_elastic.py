@@ -142,6 +142,7 @@ except NmtError as e:
 """
 
 
+@pytest.mark.slow  # nmt processes of its own (2-3 s of torch import each)
 def test_processes_that_would_resume_from_different_steps_stop_with_one_line():
     """Nodes that do not share the work directory: rank 1 finds no checkpoint, rank 0 one of step 10.
     (That equal steps pass, every torchrun test shows.)"""

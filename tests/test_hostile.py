@@ -164,6 +164,7 @@ def valid_table(draw, vocab: int, bad: bool = False) -> torch.Tensor:
     return table
 
 
+@pytest.mark.slow  # nmt processes of its own (2-3 s of torch import each)
 @settings(suppress_health_check=FIXTURES, max_examples=30)
 @given(data=st.data())
 def test_any_shortlist_translates_or_is_one_error(base, tmp_path, data):

@@ -133,7 +133,14 @@ def marian_folder(
     return folder
 
 
-@pytest.fixture(scope="module", params=[("swish", "safetensors"), ("relu", "bin")], ids=["swish", "relu"])
+# slow: each builds a MarianMT model with transformers and imports it (about 11 s)
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param(("swish", "safetensors"), id="swish", marks=pytest.mark.slow),
+        pytest.param(("relu", "bin"), id="relu", marks=pytest.mark.slow),
+    ],
+)
 def imported(request, tmp_path_factory, one_torch_thread):
     """(MarianMT folder, its nmt checkpoint made by `nmt import`, source lines)."""
     activation, weights = request.param

@@ -99,6 +99,7 @@ def test_int8_translations_score_as_fp32s(synthetic_run: Path):
     assert same >= 0.9, f"{same:.0%} of lines as fp32's"
 
 
+@pytest.mark.slow  # an nmt serve process of its own
 def test_nmt_serve_loads_int8(synthetic_run: Path):
     pytest.importorskip("uvicorn", reason="nmt serve needs its extra: pip install 'nmt[serve]'")
     from .servers import Server

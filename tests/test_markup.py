@@ -227,6 +227,7 @@ def test_split_sentences_is_linear_where_pysbd_backtracked():
         assert sorted(out[0][0].replace(" ", "")) == sorted(line.replace(" ", ""))  # nothing lost
 
 
+@pytest.mark.slow  # seconds of timed runs
 def test_html_is_linear_in_its_tags():
     """26,000 nested tags took minutes (each end tag looked through the open ones, each span was placed
     against every other): they come back around the translation, in about a second."""

@@ -206,6 +206,7 @@ def trained(task):
     return work / "checkpoints" / "last.pt", cfg
 
 
+@pytest.mark.slow  # the model its fixture trains (about 19 s)
 def test_one_model_writes_each_target_its_tag_selects(trained, task):
     model, cfg = trained
     root = task[0]
@@ -221,6 +222,7 @@ def test_one_model_writes_each_target_its_tag_selects(trained, task):
         assert share >= 0.9, (lang, share, hyps[:5])
 
 
+@pytest.mark.slow  # the model its fixture trains (about 19 s)
 def test_a_tag_typed_mid_line_switches_nothing_and_a_leading_one_does(trained, task):
     from nmt.translate import build_translator
 
@@ -235,6 +237,7 @@ def test_a_tag_typed_mid_line_switches_nothing_and_a_leading_one_does(trained, t
     assert translator.translate([f">>fra<< {line}"])[0] != plain
 
 
+@pytest.mark.slow  # the model its fixture trains (about 19 s)
 def test_a_target_the_model_lacks_and_no_target_are_one_line_exit_2(trained, tmp_path):
     model, _ = trained
     out = cli("translate", "-m", str(model), "--target", "it", stdin=b"a b\n")
@@ -269,6 +272,7 @@ def test_a_bilingual_model_accepts_its_own_target_only(checkpoint):
         build_translator(checkpoint, dtype="fp32", target="zz")
 
 
+@pytest.mark.slow  # the model its fixture trains (about 19 s)
 def test_a_leading_tag_goes_into_every_sentence_of_its_line(trained, tmp_path):
     model, _ = trained
     out = cli("translate", "-m", str(model), "--beam", "1", stdin=b">>fra<< a b c. d e f.\n")
@@ -276,6 +280,7 @@ def test_a_leading_tag_goes_into_every_sentence_of_its_line(trained, tmp_path):
     assert IS["fr"](out.stdout.decode().strip()) and ">>" not in out.stdout.decode()
 
 
+@pytest.mark.slow  # the model its fixture trains (about 19 s)
 def test_a_multilingual_teacher_teaches_any_of_its_directions_and_no_other(trained, task):
     from nmt.checkpoint import checkpoint_config
     from nmt.distill.options import DistillOptions
@@ -294,6 +299,7 @@ def test_a_multilingual_teacher_teaches_any_of_its_directions_and_no_other(train
         check_teacher(task[2], opts, teacher)
 
 
+@pytest.mark.slow  # the model its fixture trains (about 19 s)
 def test_the_teacher_translates_into_the_students_target(trained, tmp_path):
     from nmt.config import DecodeOverrides, Engine, Precision
     from nmt.translate.chunks import ChunkedRun, read_chunks, translate_chunks

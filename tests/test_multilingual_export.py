@@ -28,7 +28,8 @@ from .conftest import cli, one_error_line
 from .synthetic import LETTERS, reverse, sentence
 
 # numerics: trains and compares numbers, so `make test` runs it again with the AVX2 kernels forced
-pytestmark = [pytest.mark.numerics, pytest.mark.usefixtures("one_torch_thread")]
+# slow: two models trained in its fixture (about 12 s each)
+pytestmark = [pytest.mark.numerics, pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 pytest.importorskip("transformers", reason="transformers is the oracle: pip install -e '.[dev]'")
 TARGETS = {"fr": reverse, "de": lambda line: line}  # a target's task, by its ISO 639-1 code

@@ -56,6 +56,7 @@ def listing(folder: Path) -> list[str]:
 # ---- outputs that are inputs ------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # nmt processes of its own (2-3 s of torch import each)
 def test_translate_into_dev_null_with_stdin_from_dev_null_is_not_refused(model, tmp_path):
     src = tmp_path / "in.xx"
     src.write_text("a b c\n")
@@ -134,6 +135,7 @@ def test_new_files_and_folders_get_the_umasks_mode(model, tmp_path, mask):
 # ---- signals ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # nmt processes of its own (2-3 s of torch import each)
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
 def test_a_signal_mid_translation_leaves_no_temporary_file(model, tmp_path, signum):
     out = tmp_path / "out.txt"

@@ -159,6 +159,7 @@ def test_translations_are_the_trained_models(synthetic_run: Path):
     assert outputs[0] == outputs[1]
 
 
+@pytest.mark.slow  # an nmt serve process of its own
 def test_nmt_serve_says_it_prepacked_the_decoder(synthetic_run: Path):
     pytest.importorskip("uvicorn", reason="nmt serve needs its extra: pip install 'nmt[serve]'")
     from .servers import Server

@@ -69,6 +69,7 @@ def flip_bytes(path: Path, count: int = 64) -> None:
 # ---- 1. outputs -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # nmt processes of its own (2-3 s of torch import each)
 @pytest.mark.parametrize("how", ["same name", "symlink", "hard link", "stdin"])
 def test_an_output_that_is_the_input_is_refused_before_anything_is_written(made, tmp_path, how):
     text = b"a b c\nd e f\n"
@@ -98,6 +99,7 @@ def default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+@pytest.mark.slow  # nmt processes of its own (2-3 s of torch import each)
 def test_ctrl_c_mid_translation_leaves_the_previous_output(made, tmp_path):
     previous = tmp_path / "prev.de"
     previous.write_bytes(b"an earlier translation\n" * 320)
@@ -367,6 +369,7 @@ def test_a_line_of_control_characters_is_not_a_sentence(made):
 # ---- 7. quiet edges ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # nmt processes of its own (2-3 s of torch import each)
 def test_a_reader_that_goes_away_ends_quietly(made, tmp_path):
     # --interactive answers line by line; the later lines come after head has gone, so their
     # translations meet the closed pipe.
@@ -379,6 +382,7 @@ def test_a_reader_that_goes_away_ends_quietly(made, tmp_path):
     assert result.stderr.decode().strip() == "status 141"  # as a Unix tool that SIGPIPE ended, and silent
 
 
+@pytest.mark.slow  # nmt processes of its own (2-3 s of torch import each)
 def test_a_closed_stdout_is_one_line(made):
     result = subprocess.run(
         f"{sys.executable} -m nmt translate -m {made['path']} >&-",
@@ -388,6 +392,7 @@ def test_a_closed_stdout_is_one_line(made):
     one_error_line(result.stderr, "standard output is closed")
 
 
+@pytest.mark.slow  # nmt processes of its own (2-3 s of torch import each)
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
 @pytest.mark.parametrize("how", ["-o /dev/full", "> /dev/full", "score > /dev/full"])
 def test_a_full_disk_is_one_line_and_exit_1(made, tmp_path, how):
@@ -417,6 +422,7 @@ def test_serve_refuses_to_start_on_non_finite_weights(made, tmp_path):
     one_error_line(result.stderr, "nan.pt", "NaN")
 
 
+@pytest.mark.slow  # nmt processes of its own (2-3 s of torch import each)
 def test_long_warnings_are_one_line_when_stderr_is_a_file(made):
     stdin = b"\n" * 1000 + b"".join(b"bad \xff utf-8\n" for _ in range(15))  # lines 1001 to 1015
     result = run("translate", "-m", str(made["path"]), stdin=stdin)

@@ -70,6 +70,7 @@ def test_opennmt_requests(server):
     assert all(x["n_best"] == 1 and x["pred_score"] < 0 for x in body[0])
 
 
+@pytest.mark.slow  # nmt processes of its own (2-3 s of torch import each)
 def test_concurrent_requests_get_their_own_answers_equal_to_nmt_translate(server, synthetic_run):
     lines = (synthetic_run / "data" / "valid.xx").read_text().splitlines()[:50]
     expected = subprocess.run(

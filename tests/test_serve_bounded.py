@@ -12,6 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+pytestmark = pytest.mark.slow  # a real server driven to its deadlines and signals
+
+
 pytest.importorskip("uvicorn", reason="nmt serve needs its extra: pip install 'nmt[serve]'")
 pytest.importorskip("hypothesis", reason="property tests: pip install hypothesis (the dev extra)")
 

@@ -19,6 +19,9 @@ import pytest
 from .conftest import cli, one_error_line, sentences
 from .servers import Server
 
+pytestmark = pytest.mark.slow  # servers of several models, each its own process
+
+
 pytest.importorskip("uvicorn", reason="nmt serve needs its extra: pip install 'nmt[serve]'")
 
 TARGETS = ("de", "fr", "cs")

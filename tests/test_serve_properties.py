@@ -10,6 +10,9 @@ from urllib.parse import urlencode
 
 import pytest
 
+pytestmark = pytest.mark.slow  # a real server under Hypothesis-generated requests
+
+
 pytest.importorskip("uvicorn", reason="nmt serve needs its extra: pip install 'nmt[serve]'")
 pytest.importorskip("starlette", reason="nmt serve needs its extra: pip install 'nmt[serve]'")
 pytest.importorskip("hypothesis", reason="property tests: pip install hypothesis (the dev extra)")

@@ -178,6 +178,7 @@ def test_serve_with_shortlist_refuses_a_checkpoint_without_one_before_listening(
     assert "carries no shortlist" in result.output and "Traceback" not in result.output
 
 
+@pytest.mark.slow  # an nmt serve process of its own
 def test_serve_with_shortlist_answers_over_each_sentences_set(shortlisted: dict[str, Path]):
     from .servers import Server, libre
 

@@ -185,6 +185,7 @@ def test_sigterm_saves_a_checkpoint_then_exits(tmp_path, synthetic):
     assert step >= 1
 
 
+@pytest.mark.slow  # nmt processes of its own (2-3 s of torch import each)
 def test_a_corrupt_last_checkpoint_falls_back_to_the_previous_one(tmp_path, synthetic):
     workdir = fresh_workdir(tmp_path, synthetic)
     train(make_config(max_steps=20, save_every=10), workdir)
@@ -201,6 +202,7 @@ def test_a_corrupt_last_checkpoint_falls_back_to_the_previous_one(tmp_path, synt
     assert load_checkpoint(last).train_state["progress"]["step"] == 30
 
 
+@pytest.mark.slow  # nmt processes of its own (2-3 s of torch import each)
 def test_a_damaged_last_checkpoint_is_set_aside_with_the_steps_written_after_the_one_resumed(
     tmp_path, synthetic
 ):

@@ -59,6 +59,7 @@ HOSTILE = [
 ]
 
 
+@pytest.mark.slow  # nmt processes of its own (2-3 s of torch import each)
 def test_hostile_stdin_gives_one_line_per_input_line(checkpoint):
     stdin = b"\n".join(HOSTILE)  # no trailing newline after the last line
     result = nmt_translate("-m", str(checkpoint), "--beam", "2", stdin=stdin)
@@ -127,6 +128,7 @@ def test_nbest_prints_index_score_text(checkpoint):
     assert bad.exit_code == 2 and "--nbest" in bad.output
 
 
+@pytest.mark.slow  # nmt processes of its own (2-3 s of torch import each)
 def test_interactive_answers_each_line_at_once(checkpoint):
     cmd = [sys.executable, "-m", "nmt", "translate", "-m", str(checkpoint), "--interactive"]
     proc = subprocess.Popen(
@@ -146,6 +148,7 @@ def test_interactive_answers_each_line_at_once(checkpoint):
     assert proc.returncode == 0
 
 
+@pytest.mark.slow  # nmt processes of its own (2-3 s of torch import each)
 def test_missing_truncated_or_foreign_model_exits_2(checkpoint, tmp_path):
     truncated = tmp_path / "truncated.pt"
     truncated.write_bytes(checkpoint.read_bytes()[:2000])

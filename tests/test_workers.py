@@ -341,6 +341,7 @@ def test_a_worker_killed_while_idle_is_one_line_and_status_1(model, tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["out.txt"] and out.read_text() == "previous\n"
 
 
+@pytest.mark.slow  # nmt processes of its own (2-3 s of torch import each)
 def test_a_reader_gone_with_workers_stays_quiet_status_141(model, tmp_path):
     """stdout closed by its reader (`| head -n 1`): the quiet status 141 of a Unix tool, with workers too."""
     src = tmp_path / "src.txt"
