@@ -324,3 +324,36 @@ def test_the_server_splits_a_tagged_text_with_the_tag_in_every_sentence():
     assert doc.join(["Un homme.", "Un chien."]) == "Un homme. Un chien."
     untagged = document(">>fra<< A man rides. A dog runs.", "text", "en", True)  # a model without tags
     assert untagged.lines[0].startswith(">>fra<<") and not untagged.lines[1].startswith(">>fra<<")
+
+
+@pytest.mark.slow  # the model its fixture trains (about 19 s)
+def test_a_glossary_and_a_shortlist_serve_each_direction(trained, task, tmp_path):
+    """One shortlist made from the corpora of every direction, and a glossary of each target's own terms:
+    each direction keeps its language and places its terms."""
+    model, _ = trained
+    root = task[0]
+    src = (root / "work" / "data" / "test" / "c.en-de.en").read_text().splitlines()[:60]
+    inputs = tmp_path / "in.en"
+    inputs.write_text("\n".join(src) + "\n")
+    short = tmp_path / "short.pt"
+    made = cli("shortlist", "-m", model, "--data", root / "work", "-o", short)
+    assert made.returncode == 0, made.stderr
+    word = max("abcdefghijklmnop", key=lambda w: sum(w in line.split() for line in src))
+    with_word = [i for i, line in enumerate(src) if word in line.split()]
+    assert len(with_word) >= 10
+    for lang in ("de", "fr", "cs"):
+        glossary = tmp_path / f"{lang}.tsv"
+        glossary.write_text(f"{word}\t{MAKE[lang](word)}\n")
+        for extra in (["--shortlist"], ["--glossary", glossary], ["--shortlist", "--glossary", glossary]):
+            out = cli("translate", "-m", short, "-i", inputs, "--target", lang, *extra)
+            assert out.returncode == 0, out.stderr
+            hyps = out.stdout.decode().splitlines()
+            assert len(hyps) == len(src)
+            assert sum(IS[lang](h) for h in hyps) >= 0.9 * len(hyps), (lang, extra, hyps[:5])
+            if "--glossary" in extra:  # the term as often as the word, in the target's own form
+                for i in with_word:
+                    assert hyps[i].split().count(MAKE[lang](word)) >= src[i].split().count(word), (
+                        lang,
+                        src[i],
+                        hyps[i],
+                    )
