@@ -13,6 +13,7 @@ prints a table. Method: benchmarks/README.md, Input as people type it.
 from __future__ import annotations
 
 import argparse
+import functools
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -52,9 +53,10 @@ TYPED = {
 }
 
 
-def translate(model: Path, src: Path, hyp: Path, beam: int | None) -> None:
+def translate(model: Path, src: Path, hyp: Path, beam: int | None, extra: tuple[str, ...] = ()) -> None:
     cmd = [sys.executable, "-m", "nmt", "translate", "-m", str(model), "-i", str(src), "-o", str(hyp)]
     cmd += ["--beam", str(beam)] if beam is not None else []
+    cmd += extra
     done = subprocess.run(cmd, stderr=subprocess.PIPE, text=True)
     if done.returncode != 0:
         sys.exit(f"nmt translate failed on {src}: {done.stderr.strip().splitlines()[-1:]}")
@@ -118,10 +120,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--ref", type=Path, required=True, help="its reference translations")
     p.add_argument("--out", type=Path, required=True, help="folder for the variants and translations")
     p.add_argument("--beam", type=int, default=None, help="beam size; default: the model's")
+    p.add_argument(
+        "--recase", action=argparse.BooleanOptionalAction, default=None,
+        help="nmt translate --recase (or --no-recase); default: the model's decode.recase",
+    )  # fmt: skip
     p.add_argument("--record", action="store_true", help=f"append the table to {RESULTS.name}")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = measure(args.model, args.src, args.ref, args.out, args.beam)
+    extra = () if args.recase is None else ("--recase",) if args.recase else ("--no-recase",)
+    run = functools.partial(translate, extra=extra)
+    rows = measure(args.model, args.src, args.ref, args.out, args.beam, run)
     lines = table(rows)
     print("\n".join(lines))
     if args.record:

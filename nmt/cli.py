@@ -282,6 +282,15 @@ ShortlistOpt = Annotated[
     ),
 ]
 
+RecaseOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--recase/--no-recase",
+        help="Translate lines typed in ALL CAPS or Title Case as a sentence is written, and an ALL-CAPS "
+        "line's translation in upper case. Default: the checkpoint's decode.recase.",
+    ),
+]
+
 
 def _overrides(overrides: list[str] | None, init_from: Path | None) -> list[str]:
     """--set items, and --init-from as the recipe key it stands for (a JSON string is valid YAML)."""
@@ -575,6 +584,7 @@ def translate(
     ] = False,
     engine: EngineOpt = Engine.TORCH,
     shortlist: ShortlistOpt = None,
+    recase: RecaseOpt = None,
     split_sentences: Annotated[
         bool | None,
         typer.Option(
@@ -588,8 +598,7 @@ def translate(
         typer.Option(
             help="Processes that translate a file's batches at once, sharing the CPU threads out "
             "(CTranslate2: its inter_threads). Default: one per thread, of one thread each, when the "
-            "whole input is read anyway; 1 from a terminal, with --interactive, on a GPU, with a glossary "
-            "or sampling.",
+            "whole input is read anyway; 1 from a terminal, with --interactive, on a GPU or with sampling.",
         ),
     ] = None,
     target: Annotated[
@@ -641,6 +650,7 @@ def translate(
         temperature=temperature,
         seed=seed,
         shortlist=shortlist,
+        recase=recase,
     )
     translate_stream(
         model,
@@ -735,6 +745,7 @@ def serve(
     dtype: DtypeOpt = Precision.AUTO,
     engine: EngineOpt = Engine.TORCH,
     shortlist: ShortlistOpt = None,
+    recase: RecaseOpt = None,
 ) -> None:
     """Serve models over HTTP: LibreTranslate's /translate, /detect and /languages, OpenNMT-py's route,
     a page to try them at /, and Prometheus metrics at /metrics.
@@ -770,6 +781,7 @@ def serve(
         lenpen=lenpen,
         batch_tokens=max_batch_tokens if old_max_batch_tokens is None else old_max_batch_tokens,
         shortlist=shortlist,
+        recase=recase,
     )
     run_serve(model, settings, overrides, device, dtype, err, engine, glossary=glossary)
 

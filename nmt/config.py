@@ -292,6 +292,7 @@ class DecodeConfig:
     temperature: float = 1.0  # < 1 sharpens, > 1 flattens the distribution drawn from
     seed: int = 1  # the same seed, input and settings give the same samples
     shortlist: bool = False  # decode each sentence over the checkpoint's lexical shortlist (nmt.shortlist)
+    recase: bool = False  # lines in ALL CAPS or Title Case translated in sentence case (nmt.translate.casing)
 
 
 @dataclass(frozen=True)

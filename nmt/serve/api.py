@@ -22,6 +22,7 @@ from nmt.serve.detect import Detector
 from nmt.serve.documents import document, readable
 from nmt.serve.pairs import Pair, Pairs, language_name
 from nmt.serve.settings import HTTPError, ServeSettings, accept
+from nmt.translate.casing import Typed, sentence_case
 
 JSON_TYPES = ("application/json", "text/json", "")  # LibreTranslate's clients often send no type at all
 FORM_TYPE = "application/x-www-form-urlencoded"  # what LibreTranslate's Python client sends
@@ -135,7 +136,7 @@ class Service:
         """Subword ids of every non-blank line, the line count, and each text's truncated line numbers:
         the front end's encoding (nmt.translate.LineTranslator.encode), nmt translate's line contract;
         after the pair's target tag where the model has several targets."""
-        lines = [line for t in texts for line in t.lines]
+        lines, _ = self.lines_of(texts, pair)
         encoded = pair.model.translator.encode(lines, target=pair.tag)
         truncated, start = [], 0
         for t in texts:
@@ -158,12 +159,22 @@ class Service:
             return None
         from nmt.translate.terminology import glossary_of
 
-        lines = [line for t in texts for line in t.lines]
+        lines, _ = self.lines_of(texts, pair)
         try:
             extra = glossary_of(glossary) if glossary is not None else None
             return terminology.apply({i: lines[i] for i in sources}, extra)
         except NmtError as e:
             raise HTTPError(422, str(e)) from None
+
+    @staticmethod
+    def lines_of(texts: list[Text], pair: Pair) -> tuple[list[str], list | None]:
+        """The lines of the texts as the model reads them, and how each was typed where the model recases
+        (nmt.translate.casing: decode.recase, `nmt serve --recase`); None where it does not."""
+        lines = [line for t in texts for line in t.lines]
+        cases = pair.model.translator.typed(lines)
+        if cases is None:
+            return lines, None
+        return [sentence_case(line) if how is not Typed.AS_WRITTEN else line for line, how in cases], cases
 
     def prepare(
         self, texts: list[Text], glossary, pair: Pair
@@ -208,6 +219,9 @@ class Service:
         finally:
             if not job.future.done():  # abandoned (deadline): the worker skips what is left of it
                 job.future.cancel()
+        _, cases = self.lines_of(texts, pair)
+        if cases is not None:  # an ALL-CAPS line's translations in upper case
+            results = pair.model.translator.cased_back(results, [how for _, how in cases])
         out, start = [], 0
         for t in texts:
             out.append(results[start : start + len(t.lines)])

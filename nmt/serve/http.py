@@ -478,7 +478,8 @@ def serve(
         console.print(
             f"serving {path} ({languages}) {where}"
             f"{b.describe()}, beam {decode.beam}, batches of up to {decode.batch_tokens} subwords x beam "
-            f"within {settings.batch_wait_ms:g} ms",
+            f"within {settings.batch_wait_ms:g} ms"
+            + (", ALL CAPS and Title Case recased (--no-recase: as typed)" if decode.recase else ""),
             highlight=False,
             soft_wrap=True,
         )

@@ -21,6 +21,7 @@ from rich.console import Console
 from nmt.config import DecodeConfig
 from nmt.errors import NmtError
 from nmt.languages import short
+from nmt.translate.casing import Typed, as_typed, sentence_case, typed
 from nmt.translate.constraints import Constraint, beam_needed
 from nmt.translate.torch_engine import TorchEngine, padded_width
 
@@ -122,6 +123,7 @@ class LineTranslator:
     ):
         self.engine, self.subword, self.console = engine, subword, console
         self.terminology, self.workers = terminology, workers
+        self.recase_noted = False  # the first recased line is said once (typed)
         # The target tag (nmt.languages.target_tag) lines are translated with where a call names none:
         # a model of several targets needs one, from here, the call, or the line's own leading tag.
         self.target: str | None = target
@@ -161,6 +163,9 @@ class LineTranslator:
         `on_batch(n)` is told after each batch how many lines it translated (a progress display).
         `target`: the target tag of a model of several targets, over the translator's own.
         """
+        cases = self.typed(lines, prefixes)
+        if cases is not None:
+            lines = [sentence_case(line) if how is not Typed.AS_WRITTEN else line for line, how in cases]
         sources = self.encode(lines, first_line, target).sources
         forced: dict[int, list[int]] = {}
         if prefixes is not None:
@@ -170,7 +175,38 @@ class LineTranslator:
         terms = None
         if self.terminology is not None and self.terminology.active:
             terms = self.terminology.apply({i: lines[i] for i in sources})
-        return self.search_sources(len(lines), sources, forced, constraints=terms, on_batch=on_batch)
+        results = self.search_sources(len(lines), sources, forced, constraints=terms, on_batch=on_batch)
+        return results if cases is None else self.cased_back(results, [how for _, how in cases])
+
+    def typed(self, lines: list[str], prefixes: list[str] | None = None) -> list[tuple[str, Typed]] | None:
+        """Each line with how it is cased (nmt.translate.casing), where decode.recase is on (None where
+        it is off); a line with a prefix of its own (the prefix is cased as the user wants) as written.
+        The first recased line is said once."""
+        if not self.decode.recase:
+            return None
+        cases = [
+            (line, Typed.AS_WRITTEN if prefixes is not None and prefixes[i].strip() else typed(line))
+            for i, line in enumerate(lines)
+        ]
+        first = next((how for _, how in cases if how is not Typed.AS_WRITTEN), None)
+        if first is not None and not self.recase_noted and self.console is not None:
+            self.recase_noted = True
+            self.console.print(
+                f"recase: lines typed in {first.value} are translated as a sentence is written"
+                + (", then upper-cased" if first is Typed.ALL_CAPS else "")
+                + " (decode.recase; --no-recase translates them as typed)",
+                highlight=False,
+                soft_wrap=True,
+            )
+        return cases
+
+    @staticmethod
+    def cased_back(results: list[list[tuple[str, float]]], cases: list[Typed]) -> list:
+        """Each line's n-best cased as its source was typed (nmt.translate.casing.as_typed)."""
+        return [
+            [(as_typed(text, how), score) for text, score in nbest]
+            for nbest, how in zip(results, cases, strict=True)
+        ]
 
     def encode(self, lines: list[str], first_line: int | list[int] = 1, target: str | None = None) -> Encoded:
         """The lines cleaned, cut, encoded and truncated, each cut line with a warning (`first_line`
