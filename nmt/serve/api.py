@@ -132,11 +132,13 @@ class Service:
         for deadline in list(self.running):
             deadline.stop("the server is shutting down")
 
-    def encode(self, texts: list[Text], pair: Pair) -> tuple[dict[int, list[int]], int, list[list[int]]]:
-        """Subword ids of every non-blank line, the line count, and each text's truncated line numbers:
-        the front end's encoding (nmt.translate.LineTranslator.encode), nmt translate's line contract;
-        after the pair's target tag where the model has several targets."""
-        lines, _ = self.lines_of(texts, pair)
+    def encode(
+        self, texts: list[Text], lines: list[str], pair: Pair
+    ) -> tuple[dict[int, list[int]], int, list[list[int]]]:
+        """Subword ids of every non-blank line (`lines`: the texts' lines as the model reads them,
+        lines_of), the line count, and each text's truncated line numbers: the front end's encoding
+        (nmt.translate.LineTranslator.encode), nmt translate's line contract; after the pair's target tag
+        where the model has several targets."""
         encoded = pair.model.translator.encode(lines, target=pair.tag)
         truncated, start = [], 0
         for t in texts:
@@ -146,7 +148,7 @@ class Service:
         return encoded.sources, len(lines), truncated
 
     def constraints(
-        self, texts: list[Text], sources: dict[int, list[int]], glossary, pair: Pair
+        self, lines: list[str], sources: dict[int, list[int]], glossary, pair: Pair
     ) -> dict | None:
         """The terms of each line that has any: the server's glossary and the request's (`glossary`, a list
         of {"source", "target"}); an entry that cannot be obeyed is a 422."""
@@ -159,7 +161,6 @@ class Service:
             return None
         from nmt.translate.terminology import glossary_of
 
-        lines, _ = self.lines_of(texts, pair)
         try:
             extra = glossary_of(glossary) if glossary is not None else None
             return terminology.apply({i: lines[i] for i in sources}, extra)
@@ -178,10 +179,12 @@ class Service:
 
     def prepare(
         self, texts: list[Text], glossary, pair: Pair
-    ) -> tuple[dict, int, list[list[int]], dict | None]:
-        """Encode, and find each line's terms: in the request's thread."""
-        sources, count, truncated = self.encode(texts, pair)
-        return sources, count, truncated, self.constraints(texts, sources, glossary, pair)
+    ) -> tuple[dict, int, list[list[int]], dict | None, list | None]:
+        """Encode, and find each line's terms, in the request's thread: the ids, the line count, the
+        truncated line numbers, the terms, and how each line was typed (lines_of)."""
+        lines, cases = self.lines_of(texts, pair)
+        sources, count, truncated = self.encode(texts, lines, pair)
+        return sources, count, truncated, self.constraints(lines, sources, glossary, pair), cases
 
     async def translate(
         self,
@@ -200,7 +203,8 @@ class Service:
             raise HTTPError(
                 413, f"{size} characters of text; this server takes at most {self.settings.max_chars}"
             )
-        sources, count, truncated, terms = await self.off_loop(deadline, self.prepare, texts, glossary, pair)
+        prepared = await self.off_loop(deadline, self.prepare, texts, glossary, pair)
+        sources, count, truncated, terms, cases = prepared
         accept()  # read, validated and encoded: what goes wrong from here on is the server's
         try:
             job = pair.model.batcher.submit(sources, count, nbest, deadline.at, constraints=terms)
@@ -219,7 +223,6 @@ class Service:
         finally:
             if not job.future.done():  # abandoned (deadline): the worker skips what is left of it
                 job.future.cancel()
-        _, cases = self.lines_of(texts, pair)
         if cases is not None:  # an ALL-CAPS line's translations in upper case
             results = pair.model.translator.cased_back(results, [how for _, how in cases])
         out, start = [], 0
