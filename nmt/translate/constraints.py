@@ -211,18 +211,16 @@ def forbid_early_end(
     ends: Tensor,
     stops: Tensor,
     limit: Tensor,
-    pos: Tensor,
+    wanted: Tensor,
     placed: Tensor,
-    paths: Tensor,
     need: Tensor,
 ) -> Tensor:
     """No sentence end that would be the translation's last (its source's `limit`-th; a source with none
     sets no limit) while a term is missing, so that a term is written inside its sentence, not appended
     after it ("Ein Mann fährt ein Fahrrad. Velo."). A token that continues a term stays allowed (a term
     may end in a period). (N, V), ends (V,) bool, stops and limit (N,) sentence ends so far and in the
-    source, pos (N, P), placed (N, C+1), paths (N, P, L), need (N, C+1)."""
+    source, wanted (N, P) the token that continues each path (next_tokens), placed (N, C+1), need (N, C+1)."""
     early = (stops + 1 >= limit) & (limit > 0) & (placed < need).any(-1)  # (N,)
-    wanted = next_tokens(pos, paths)  # (N, P)
     kept = lprobs.gather(1, wanted)
     return lprobs.masked_fill_(early[:, None] & ends, -math.inf).scatter_(1, wanted, kept)
 
@@ -336,15 +334,16 @@ def constrained_beam_search(
         lprobs = step_log_probs(logits, beams.at_limit(t), masks, t < min_len)  # (rows, V)
         history = beams.seqs[:, :t]
         lprobs = block_phrases(block_repeated_ngrams(lprobs, history, no_repeat_ngram), history, blocked)
+        ahead = next_tokens(pos, per_row[0])  # (rows, P): the token that continues each path
         if ends is not None:
-            lprobs = forbid_early_end(lprobs, ends, stops, limit, pos, placed, per_row[0], per_row[3])
+            lprobs = forbid_early_end(lprobs, ends, stops, limit, ahead, placed, per_row[3])
         lprobs = forbid_unplaced(force_prefix(lprobs, beams.row_prefix, t), pos, placed, *per_row)
         if glue is not None:
             lprobs.masked_fill_(ended[:, None] & glue, -math.inf)
         # 2. candidates: the 2K best, every hypothesis's best, and every token that advances a term
         b, width = len(beams.alive), beams.width
         best_tokens = lprobs.argmax(1).view(b, width)  # (B, width)
-        wanted = next_tokens(pos, per_row[0]).view(b, width * n_paths)  # (B, width*P)
+        wanted = ahead.view(b, width * n_paths)  # (B, width*P)
         cand = expand_scores(beams.scores, lprobs)  # (B, width*V)
         beam_of = torch.arange(width, device=dev)
         flat = torch.cat(
