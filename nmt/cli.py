@@ -57,6 +57,13 @@ class ArgumentHelp(TyperArgument):
         return f"<{found[1].lower()}>" if found else None if label == "<str>" else label
 
 
+def display_type(param, ctx) -> str:
+    """The type typer's help shows for an option (`<list[Path]>`); "" from a typer before 0.29, which
+    has no such method: its help then shows the option as it always did, and the command still runs."""
+    method = getattr(param, "display_type", None)
+    return method(ctx) if method is not None else ""
+
+
 class HelpShowsValues:
     """Help that shows what a user types: nothing beside a flag (typer's Rich help would print <bool>),
     and for a repeatable option or argument the type of one value, not <list[Path]> (ArgumentHelp)."""
@@ -70,7 +77,7 @@ class HelpShowsValues:
                 continue
             elif getattr(param, "is_flag", False):
                 param.metavar = ""
-            elif found := LIST_TYPE.fullmatch(param.display_type(ctx)):
+            elif found := LIST_TYPE.fullmatch(display_type(param, ctx)):
                 param.metavar = f"<{found[1].lower()}>"
         return params
 
