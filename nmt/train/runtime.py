@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from nmt.config import Config
-from nmt.device import resolve_device, resolve_dtype
+from nmt.device import attention_for_varying_shapes, resolve_device, resolve_dtype
 from nmt.errors import NmtError
 
 
@@ -56,6 +56,7 @@ def setup_runtime(cfg: Config) -> Runtime:
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+        attention_for_varying_shapes(device)
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     dtype = resolve_dtype(cfg.train.precision, device)
