@@ -311,8 +311,11 @@ def test_cached_decoding_equals_recomputation(device, precision):
 )
 def test_the_compiled_training_step_equals_eager(device, precision, monkeypatch):
     """Three updates of the trainer's step, compiled as `nmt train` compiles it and eager, from the same
-    weights: the same losses and gradients at every update (fp32 within 1e-4, bf16 within 2% and 5%),
-    the same weights after. A compile failure fails the test (the trainer would fall back to eager)."""
+    weights: the same losses and gradients at every update, the same weights after. fp32 within 1e-4; in
+    bf16, compiled kernels fuse and so round elsewhere than eager ones, so each gradient is held to twice
+    bf16's own noise at that update, measured as in the bf16 test above: the spread of eager updates of
+    copies jittered below bf16's resolution (a fixed 5% failed on an H200: 5.2% on one decoder matrix).
+    A compile failure fails the test (the trainer would fall back to eager)."""
     import torch._dynamo
     import torch.fx.experimental._config as fx_config
     from torch._dynamo.utils import counters
@@ -333,20 +336,32 @@ def test_the_compiled_training_step_equals_eager(device, precision, monkeypatch)
     torch._dynamo.config.suppress_errors = False  # here a failure to compile is what we look for
     try:
         exact = precision == "fp32"
+        worst: dict[str, float] = {}  # each parameter's largest gradient bound
         for seed in range(3):  # other shapes each update: the dynamic graph serves them all
             sizes = ((5 + seed, 7 + 2 * seed, 6 + seed), (3, 10 + seed, 9))
             update = random_update(device, seed=10 + seed, sizes=sizes)
             norm = 1 / update.target_tokens
+            jittered = []
+            for jitter in () if exact else (1, 2, 3):  # eager has no gradients between updates
+                twin = copy.deepcopy(eager)
+                jitter_to_bf16_rounding(twin, jitter + 10 * seed)
+                forward_backward(learner(twin, rt), update.batches, norm)
+                jittered.append(gradients(twin))
             s_e, s_c = (forward_backward(each, update.batches, norm) for each in learners)
             torch.testing.assert_close(s_c, s_e, rtol=1e-4 if exact else 0.02, atol=0)
             g_e, g_c = gradients(eager), gradients(compiled)
             assert g_c.keys() == g_e.keys()
             for name in g_e:
-                assert relative_error(g_c[name], g_e[name]) < (1e-4 if exact else 0.05), name
+                noise = max((relative_error(g[name], g_e[name]) for g in jittered), default=0.0)
+                bound = 1e-4 if exact else 2 * noise
+                assert relative_error(g_c[name], g_e[name]) <= bound, (name, bound)
+                worst[name] = max(worst.get(name, 0.0), bound)
             for each in learners:  # a plain SGD step: weights move alike
                 optimizer_step(each)
+        # A weight that started at 0 (the biases) is only the sum of its updates, so it may differ as much
+        # as its gradients were allowed to
         for (name, a), b in zip(eager.state_dict().items(), compiled.state_dict().values(), strict=True):
-            assert relative_error(b, a) < (1e-4 if exact else 0.02), name
+            assert relative_error(b, a) <= (1e-4 if exact else max(0.02, worst.get(name, 0.0))), name
         assert counters["stats"]["unique_graphs"] >= 1, "nothing was compiled"
     finally:
         torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
@@ -397,3 +412,18 @@ def test_a_killed_run_on_the_device_resumes_bit_exact_in_fp32_eager(device, reve
     steps, every = (300, 20) if device == "cuda" else (30, 10)
     cfg = make_config(max_steps=steps, save_every=every, device=device, precision="fp32", compile=False)
     killed_and_resumed_equals_straight(tmp_path, reversal, cfg, env=ENV)
+
+
+def test_attention_leaves_cudnn_out_on_a_gpu_only(monkeypatch):
+    """cuDNN's attention plans every new shape (6 ms of CPU a call: 32,564 against 225,512 target
+    tokens/s for the base recipe on an H200): training and decoding on a GPU turn it off, the CPU's
+    settings are left alone."""
+    from nmt.device import attention_for_varying_shapes
+
+    enabled = torch.backends.cuda.cudnn_sdp_enabled()
+    monkeypatch.setattr(torch.backends.cuda, "enable_cudnn_sdp", lambda on: calls.append(on))
+    calls: list[bool] = []
+    attention_for_varying_shapes(torch.device("cpu"))
+    assert calls == []
+    attention_for_varying_shapes(torch.device("cuda", 0))
+    assert calls == [False] and torch.backends.cuda.cudnn_sdp_enabled() == enabled
