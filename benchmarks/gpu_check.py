@@ -30,6 +30,17 @@ from common import now  # benchmarks/common.py: these scripts run with benchmark
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = ROOT / "benchmarks"
 OPTIONAL = ("pytest", "ctranslate2", "triton", "numpy")
+MODULE_OF = {"pyyaml": "yaml"}  # nmt's dependencies whose module is named otherwise
+
+
+def runtime_modules() -> list[str]:
+    """The modules of nmt's own dependencies (pyproject.toml), which a bare GPU image may lack: a CUDA
+    image had torch, typer and sacrebleu but not pysbd, and every stage that imports nmt.translate died."""
+    import tomllib
+
+    names = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    dists = [re.match(r"[A-Za-z0-9_.-]+", n)[0].lower() for n in names]
+    return [MODULE_OF.get(d, d.replace("-", "_")) for d in dists]
 
 
 @dataclass(frozen=True)
@@ -252,6 +263,7 @@ def environment() -> dict:
     f = {"python": platform.python_version(), "torch": torch.__version__, "cuda_runtime": torch.version.cuda}
     f.update(cuda=torch.cuda.is_available(), cpu=import_benchmark("common").machine_name("cpu"))
     f.update(cpu_count=os.cpu_count(), packages={m: version(m) for m in OPTIONAL})
+    f.update(missing=[m for m in runtime_modules() if not importable(m)])
     f.update(c_compiler=shutil.which("cc") or shutil.which("gcc"))
     if f["cuda"]:
         props = torch.cuda.get_device_properties(0)
@@ -450,6 +462,9 @@ def report_markdown(report: dict) -> str:
         lines += [f"- python {env['python']}, torch {env['torch']}, CUDA {env['cuda_runtime']}"]
         lines += ["- " + ", ".join(f"{k} {v or 'not importable'}" for k, v in env["packages"].items())]
         lines += [f"- host CPU {env['cpu']} x {env['cpu_count']}, C compiler {env['c_compiler']}"]
+        if env.get("missing"):
+            missing = ", ".join(env["missing"])
+            lines += [f"- **nmt's dependencies missing here: {missing}**: carry their wheels (--wheels)"]
     if env.get("gpu"):
         lines += [f"- {env['gpus']} x {env['gpu']}, compute {env['capability']}, {env['gpu_memory_gib']} GiB"]
         lines += [f"- bf16: {'yes' if env['bf16'] else 'no'}"]
