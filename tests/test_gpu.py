@@ -427,3 +427,6 @@ def test_attention_leaves_cudnn_out_on_a_gpu_only(monkeypatch):
     assert calls == []
     attention_for_varying_shapes(torch.device("cuda", 0))
     assert calls == [False] and torch.backends.cuda.cudnn_sdp_enabled() == enabled
+    cfg = make_config()  # and the training log says so, on a GPU only
+    assert "without cuDNN" in Runtime(torch.device("cuda", 0), torch.bfloat16).describe(cfg)
+    assert "cuDNN" not in Runtime(torch.device("cpu"), torch.float32).describe(cfg)

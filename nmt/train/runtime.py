@@ -34,7 +34,8 @@ class Runtime:
         return torch.autocast(self.device.type, dtype=self.dtype)
 
     def describe(self, cfg: Config) -> str:
-        """What the run chose, in one line for the log (device, processes, threads, precision, compile)."""
+        """What the run chose, in one line for the log (device, processes, threads, precision, compile, and
+        on a GPU the attention kernels)."""
         precision = (
             "fp32" if self.dtype == torch.float32 else f"{str(self.dtype).removeprefix('torch.')} autocast"
         )
@@ -42,6 +43,7 @@ class Runtime:
             f"running on: {self.device} x {self.world_size} process(es), {torch.get_num_threads()} threads "
             f"each, precision {precision} (train.precision={cfg.train.precision}), "
             f"compile {'on' if cfg.train.compile else 'off'}"
+            + (", attention without cuDNN (it plans every new shape)" if self.device.type == "cuda" else "")
         )
 
 
