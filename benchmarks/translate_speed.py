@@ -32,6 +32,35 @@ from common import MIB, NEWSTEST_WORDS, RESULTS, SyntheticText, max_rss, random_
 SECTION = "## Translation speed"
 CPU_ENGINES = [("nmt", "fp32"), ("nmt", "int8"), ("ctranslate2", "float32"), ("ctranslate2", "int8")]
 GPU_ENGINES = [("nmt", "bf16"), ("ctranslate2", "float16"), ("ctranslate2", "bfloat16")]
+# --isa: the instruction sets a CPU engine can be held to, newest first, each with the /proc/cpuinfo flag
+# that says the CPU has it and the environment that holds torch's (ATen, oneDNN) and CTranslate2's kernels
+# to it. "native" is whatever the CPU has, AMX included.
+ISAS = {
+    "native": ("avx2", {}),
+    "avx512_core_vnni": (
+        "avx512_vnni",
+        {
+            "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI",
+            "ATEN_CPU_CAPABILITY": "avx512",
+            "CT2_FORCE_CPU_ISA": "AVX512",
+        },
+    ),
+    "avx512_core": (
+        "avx512f",
+        {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE", "ATEN_CPU_CAPABILITY": "avx512", "CT2_FORCE_CPU_ISA": "AVX512"},
+    ),
+    "avx2": (
+        "avx2",
+        {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "CT2_FORCE_CPU_ISA": "AVX2"},
+    ),
+}
+
+
+def reachable_isas() -> list[str]:
+    """--isa all: each of ISAS this CPU has, newest first; `native` only where it is more than AVX2."""
+    flags = set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").exists() else set()
+    found = [name for name, (flag, _) in ISAS.items() if flag in flags and name != "native"]
+    return (["native"] if flags & {"amx_tile", "avx512f"} else []) + found
 
 
 def worker() -> None:
@@ -98,6 +127,7 @@ class Worker:
         self.name += " +shortlist" if job["shortlist"] else ""
         cmd = [sys.executable, __file__, "--worker"]
         env = {**os.environ, "OMP_NUM_THREADS": str(job["threads"]), "PYTHONUNBUFFERED": "1"}
+        env.update(ISAS[job["isa"]][1])  # the kernels held to an instruction set (--isa)
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         self.ready = self.ask(json.dumps({**job, "engine": engine, "compute": compute}))  # after loading
         self.runs: list[dict] = []
@@ -448,6 +478,12 @@ def main(argv: list[str] | None = None) -> list[Result]:
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="CPU threads for every engine")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--beam", type=int, action="append", help="beam size (default 4); repeatable")
+    p.add_argument("--engine", action="append", metavar="ENGINE:COMPUTE",
+                   help="instead of the default engines, e.g. nmt:bf16 or ctranslate2:int8; repeatable; "
+                   "the first is the speed-up's base")  # fmt: skip
+    p.add_argument("--isa", action="append", choices=[*ISAS, "all"],
+                   help="CPU: hold the kernels to an instruction set, a table each; repeatable; all: "
+                   "every one this CPU has (default: native)")  # fmt: skip
     p.add_argument("--refs", type=Path, help="references of --input, line by line: BLEU and chrF columns")
     p.add_argument("--shortlist", action="store_true", help="every engine also over the lexical shortlist")
     p.add_argument("--max-tokens", type=int, help="batch budget (default: the checkpoint's batch_tokens)")
@@ -489,7 +525,12 @@ def main(argv: list[str] | None = None) -> list[Result]:
     console = Console(stderr=True)
     ct2 = importlib.util.find_spec("ctranslate2") is not None
     engines = GPU_ENGINES if args.device.startswith("cuda") else CPU_ENGINES
+    if args.engine:
+        engines = [tuple(e.split(":", 1)) for e in args.engine]
+        if any(len(e) != 2 or e[0] not in ("nmt", "ctranslate2") for e in engines):
+            p.error("--engine: nmt:COMPUTE or ctranslate2:COMPUTE")
     engines = engines if ct2 else [e for e in engines if e[0] == "nmt"]
+    isas = reachable_isas() if "all" in (args.isa or []) else (args.isa or ["native"])
     engines = [(e, c, sl) for e, c in engines for sl in ((False, True) if args.shortlist else (False,))]
     beams, refs = args.beam or [4], None
     if args.input is not None:
@@ -530,12 +571,16 @@ def main(argv: list[str] | None = None) -> list[Result]:
                 label = f"{checkpoint.stem} beam {beam}: " if len(checkpoints) + len(beams) > 2 else ""
                 job = dict(checkpoint=str(checkpoint), ct2_dir=str(ct2_dir), label=label, device=args.device,
                            decode=dataclasses.asdict(decode), threads=args.threads, lines=lines,
-                           latency_lines=latency_lines)  # fmt: skip
+                           latency_lines=latency_lines, isa="native")  # fmt: skip
                 if args.workers:  # its own table: whole commands, tree memory
                     head = ["workers x threads", "lines/s", "command s", "RSS MiB", "PSS MiB", "same bytes"]
                     print("\n".join(common.markdown_table(head, processes(args, job, beam, work, lines))))
                     continue
-                results += measure(job, engines, args.repeats, refs)
+                for isa in isas:
+                    held = f"{isa}: " if isas != ["native"] else ""
+                    results += measure(
+                        {**job, "isa": isa, "label": held + label}, engines, args.repeats, refs
+                    )
 
     ct2_version = importlib.import_module("ctranslate2").__version__ if ct2 else "not installed"
     model = ", ".join(map(str, checkpoints)) if not random_weights else f"random weights, {args.recipe}"

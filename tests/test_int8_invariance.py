@@ -12,7 +12,7 @@ from torch import nn
 from nmt.config import DecodeConfig, Precision
 from nmt.model import Transformer
 from nmt.translate import Translator, inference_model
-from nmt.translate.int8 import PROBE_ROWS, Int8Linear, _exact_with, quantize_int8, weight_bits
+from nmt.translate.int8 import KERNELS, PROBE_ROWS, Int8Linear, kernel, quantize_int8, weight_bits
 from nmt.translate.search import beam_search, greedy_search
 from nmt.translate.torch_engine import padded_sources, padded_width
 
@@ -39,7 +39,27 @@ def sentences(n: int, seed: int) -> list[list[int]]:
     return [torch.randint(4, VOCAB, (length,), generator=gen).tolist() for length in lengths]
 
 
-def test_an_int8_row_is_the_same_alone_and_among_any_rows():
+def runnable() -> list:
+    """The kernels of KERNELS that run exactly on this CPU, each with its bits."""
+    found = []
+    for product in KERNELS:
+        try:
+            bits = product.probe()
+        except (AttributeError, RuntimeError, NotImplementedError):
+            continue  # not in this torch
+        if bits is not None:
+            found.append(pytest.param((product, bits), id=product.name))
+    return found
+
+
+@pytest.fixture(params=runnable())
+def each_kernel(request, monkeypatch):
+    """Every kernel that runs here in turn, not only the one `kernel` prefers."""
+    monkeypatch.setattr("nmt.translate.int8.kernel", lambda: request.param)
+    return request.param
+
+
+def test_an_int8_row_is_the_same_alone_and_among_any_rows(each_kernel):
     torch.manual_seed(0)
     linear = nn.Linear(96, 200)
     x = torch.randn(300, 96) * torch.logspace(-2, 2, 300)[:, None]  # rows of very different ranges
@@ -53,27 +73,45 @@ def test_an_int8_row_is_the_same_alone_and_among_any_rows():
                 assert torch.equal(int8(x[start : start + rows]), alone[start : start + rows]), (rows, start)
 
 
-def test_the_weights_have_the_bits_the_cpu_multiplies_exactly():
-    # 8 with VNNI; 7 where pairs of products add in int16 (AVX2, as `make test` forces for numerics tests)
-    assert weight_bits() in (7, 8)
-    linear = Int8Linear(torch.randn(16, 32), None)
-    level = (1 << (weight_bits() - 1)) - 1
-    assert linear.weight_t.abs().max() == level
+def test_the_preferred_kernel_is_exact_here_with_seven_or_eight_bits():
+    # 8 with VNNI or AMX; 7 where pairs of products add in int16 (AVX2, as `make test` forces for numerics)
+    product, bits = kernel()
+    assert bits in (7, 8) and weight_bits() == bits
+    assert product.exact_with(bits)
+
+
+def test_an_int8_layer_is_within_its_quantization_error_of_float32(each_kernel):
+    """Each kernel's output against F.linear, within the error its integers allow: every activation off
+    by at most half a step of its row's grid (max |x_r| / 127 for 8 bits, twice that for 7), every weight
+    by half a step of its row's (max |W_o| / 127, or / 63), summed over the row with the float32 part."""
+    torch.manual_seed(0)
+    linear, x = nn.Linear(64, 48), torch.randn(37, 64) * torch.logspace(-1, 1, 37)[:, None]
+    product, bits = each_kernel
+    with torch.inference_mode():
+        y, exact = Int8Linear(linear.weight, linear.bias)(x).double(), linear(x).double()
+    dx = x.abs().amax(1, keepdim=True).double() / 127  # (37, 1) half a step of 7-bit activations (or more)
+    dw = linear.weight.abs().amax(1).double() / 63  # (48,) half a step of 7-bit weights (or more)
+    w, a = linear.weight.abs().double(), x.abs().double()
+    bound = dx * w.sum(1)[None, :] + a.sum(1, keepdim=True) * dw[None, :] + 64 * dx * dw[None, :]  # (37, 48)
+    assert ((y - exact).abs() <= bound + 1e-5).all(), (product.name, bits)
+    assert ((y - exact).abs() > 0).any()  # int8, not float32 by another name
 
 
 @pytest.mark.parametrize("wrong_at", [1, 64, 512])
-def test_the_bits_probe_checks_the_product_at_several_row_counts(monkeypatch, wrong_at):
-    """oneDNN may choose another kernel by shape: a product wrong at one row count alone is found."""
+def test_the_bits_probe_checks_the_product_at_several_row_counts(monkeypatch, each_kernel, wrong_at):
+    """A library may choose another kernel by shape: a product wrong at one row count alone is found."""
     assert wrong_at in PROBE_ROWS
-    int_mm = torch._int_mm
-
-    def wrong(a, b):
-        out = int_mm(a, b)
-        return out + 1 if a.shape[0] == wrong_at else out
-
-    assert _exact_with(7)
-    monkeypatch.setattr(torch, "_int_mm", wrong)
-    assert not _exact_with(7)
+    product, bits = each_kernel
+    assert product.exact_with(bits)
+    if hasattr(product, "multiply"):  # rows quantized here
+        right = product.multiply
+        monkeypatch.setattr(product, "multiply", lambda self, q: right(self, q) + (q.shape[0] == wrong_at))
+    else:  # fbgemm quantizes itself
+        right = product.linear
+        monkeypatch.setattr(
+            product, "linear", staticmethod(lambda x, w, r: right(x, w, r) + (x.shape[0] == wrong_at))
+        )
+    assert not product.exact_with(bits)
 
 
 @pytest.mark.parametrize("beam", [1, 4])

@@ -3,27 +3,41 @@
 Each weight matrix W (out, in) is stored as integers in [-L, L] with one scale per output row,
 s_o = max_i |W_oi| / L (symmetric, as CTranslate2's int8). Each product x W^T quantizes its activations
 per row, as CTranslate2 does: row r gets its own scale a_r = max_i |x_ri| / 127, the integers
-q_ri = round(x_ri / a_r) in [-127, 127] are multiplied by the weight's in torch._int_mm (oneDNN, int32
-accumulation), and y_ro = a_r s_o (q_r . W_o) + b_o is formed in float32. That covers the attention and
+q_ri = round(x_ri / a_r) in [-127, 127] are multiplied by the weight's with int32 accumulation, and
+y_ro = a_r s_o (q_r . W_o) + b_o is formed in float32. That covers the attention and
 feed-forward projections and the tied output projection (3.4), the largest product of a decoder step; the
 embedding lookup itself stays float32.
 
 A row's integers and scale depend on that row alone, its integer product is exact (no rounding, so no
 dependence on the kernel's blocking, which changes with the row count), and every other operation here is
 element by element within a row: a sentence's int8 translation does not depend on what else is in its
-batch (tests/test_int8_invariance.py). fbgemm's dynamic quantized linear, used before, took one activation
-scale over all the rows of a call, so it did. The price is per call: about ten operators where fbgemm's
-was one (quantize, multiply, rescale), 1.3-2.3x its time for the few rows of a decoder step on the demo
-model, 0.9-1.3x at 256 rows (benchmarks/RESULTS.md, "Translation speed").
+batch (tests/test_int8_invariance.py, for every kernel that runs on the CPU at hand). fbgemm's dynamic
+quantized linear as torch's quantization uses it takes one activation scale over all the rows of a call,
+so it would; below, each call is made to have the same one.
 
-Bits. The kernel multiplies unsigned 8-bit by signed 8-bit numbers; signed activations are shifted by 128
-into that range. With VNNI (vpdpbusd: AVX-512 VNNI, AVX-VNNI, AMX) the products accumulate in int32
-directly, so full 8 bits (L = 127) are exact. Without it (AVX2, AVX-512 without VNNI) pairs of u8 x s8
-products are added in saturating int16 (vpmaddubsw): 2 x 254 x 127 overflows and the result is silently
-wrong, so the weights get 7 bits (L = 63: 2 x 254 x 63 fits); 7-bit activations would not help, the shift
-by 128 puts them back in the overflowing range. Which kernel runs depends on the CPU and on
-ONEDNN_MAX_CPU_ISA, so `weight_bits` asks the kernel itself, once: a product built to overflow in int16,
-checked against exact integers.
+The product: the first of KERNELS that `kernel` finds exact on this CPU, once.
+- fbgemm's dynamic quantized linear over prepacked weights (torch.ops.quantized.linear_dynamic), given
+  each row divided by its own max |x_ri| and two more columns, +1 and -1, against zero weights: every
+  call then spans exactly [-1, 1], so the one activation scale fbgemm takes over a call is the same for
+  every call, and each row is quantized as alone. Its activations get 8 bits where the sums are exact
+  (VNNI, AMX), 7 (reduce_range) where pairs add in int16.
+- oneDNN's quantized inner product over weights prepacked once (torch.ops.onednn.qlinear_prepack and
+  qlinear_pointwise, what torch's x86 quantization lowers to), with the integers above shifted by 128
+  into u8 (zero point 128): AMX's tile unit and VNNI. Signed activations were ~25x slower for a single
+  row on AMX and fell to a reference kernel with AVX-512 VNNI forced.
+- torch._int_mm, which reorders the weights at every call (in torch 2.13 on AVX2, a reference kernel).
+Measured on an Intel Xeon with AMX and on an AVX2 AMD EPYC, 2 threads (benchmarks/RESULTS.md, "int8
+kernels and bf16 on a CPU with AMX"): fbgemm was the fastest for the few rows of a decoder step everywhere
+(the base model's output projection for one row: 0.85 ms against 1.28 for oneDNN and 3.1 for fp32
+prepacked on AMX), and on AVX2 at every row count; oneDNN with AMX was 1.5-3x faster than fbgemm from 64
+rows up.
+
+Bits. The kernels multiply unsigned 8-bit by signed 8-bit numbers. With VNNI (vpdpbusd: AVX-512 VNNI,
+AVX-VNNI, AMX) the products accumulate in int32 directly, so 8 bits are exact. Without it (AVX2,
+AVX-512 without VNNI) pairs of u8 x s8 products are added in saturating int16 (vpmaddubsw) and the
+result is silently wrong: fbgemm then gets 7-bit activations, oneDNN and _int_mm 7-bit weights (L = 63:
+2 x 254 x 63 fits). Which kernel runs depends on the CPU and on ONEDNN_MAX_CPU_ISA, so `kernel` asks
+each kernel itself: a product built to overflow in int16, checked against exact integers.
 
 Translations may differ from fp32's in some lines (the BLEU check is in benchmarks/RESULTS.md), and
 between a CPU with VNNI and one without (8 against 7 bits).
@@ -32,6 +46,7 @@ between a CPU with VNNI and one without (8 against 7 bits).
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 from torch import Tensor, nn
@@ -42,37 +57,197 @@ PROBE_ROWS = (1, 3, 8, 64, 512)  # the row counts weight_bits checks the int8 pr
 _TINY = 1e-30  # the scale of an all-zero row, whose integers are then all 0
 
 
-def _exact_with(weight_bits: int) -> bool:
-    """Whether torch._int_mm of 8-bit activations by `weight_bits`-bit weights is exact here: the largest
-    activations against the largest weights of either sign (where int16 pair sums would saturate), and
-    random ones, at several row counts (PROBE_ROWS), since oneDNN may pick another kernel by shape: one
-    row (a decoder step of one sentence), a few, and the many rows of a batch's encoder."""
-    level = (1 << (weight_bits - 1)) - 1
-    gen = torch.Generator().manual_seed(0)
-    weight = torch.randint(-level, level + 1, (32, 64), generator=gen, dtype=torch.int8)  # (out, in)
-    weight[0], weight[1] = level, -level
-    q = torch.randint(-127, 128, (max(PROBE_ROWS), 64), generator=gen, dtype=torch.int8)  # (M, in)
-    for top in (0, len(q) - 3):  # the extremes first and last, so that every row count meets them
-        q[top], q[top + 1], q[top + 2, ::2], q[top + 2, 1::2] = 127, -127, 127, -127
-    exact = q.long() @ weight.long().t()
-    return all(
-        torch.equal(torch._int_mm(q[rows], weight.t()).long(), exact[rows])
-        for m in PROBE_ROWS
-        for rows in (slice(0, m), slice(len(q) - m, len(q)))
-    )
+def _row_integers(rows: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-row symmetric quantization: (M, in) float32 -> q (M, in) int8 in [-127, 127], a (M, 1)."""
+    scale = rows.abs().amax(dim=1, keepdim=True).div_(127).clamp_min_(_TINY)  # (M, 1) a_r
+    return torch.div(rows, scale).round_().to(torch.int8), scale
+
+
+class _RowQuantized:
+    """Rows quantized here (_row_integers), multiplied by `weight_bits`-bit weights in `multiply`."""
+
+    name = ""
+
+    def __init__(self, weight: Tensor, bias: Tensor, weight_bits: int):  # (out, in), (out,) float32
+        level = (1 << (weight_bits - 1)) - 1  # the weights' integers are in [-level, level]
+        scales = (weight.abs().amax(dim=1) / level).clamp(min=1e-12)  # (out,)
+        self.bits, self.bias = weight_bits, bias
+        self.prepare(torch.round(weight / scales[:, None]).to(torch.int8), scales)
+
+    def prepare(self, weight: Tensor, scales: Tensor) -> None:
+        raise NotImplementedError
+
+    def multiply(self, q: Tensor) -> Tensor:
+        """(M, in) int8 -> (M, out) float32: s_o (q_r . W_o), the sums exact in int32."""
+        raise NotImplementedError
+
+    def __call__(self, rows: Tensor) -> Tensor:
+        q, scale = _row_integers(rows)
+        y = self.multiply(q)
+        return torch.addcmul(self.bias, y, scale, out=y)  # a_r s_o acc + b_o
+
+    @classmethod
+    def exact_with(cls, bits: int) -> bool:
+        """Whether the sums of 8-bit activations by `bits`-bit weights are exact here: the largest
+        activations against the largest weights of either sign (where int16 pair sums would saturate),
+        and random ones, at several row counts (PROBE_ROWS), since a library may pick another kernel by
+        shape: one row (a decoder step of one sentence), a few, and the many rows of a batch's encoder.
+        The sums (at most 64 x 127 x 127) are exact in float32, so scales of 1 return them as they are."""
+        level = (1 << (bits - 1)) - 1
+        gen = torch.Generator().manual_seed(0)
+        weight = torch.randint(-level, level + 1, (32, 64), generator=gen, dtype=torch.int8)  # (out, in)
+        weight[0], weight[1] = level, -level
+        q = torch.randint(-127, 128, (max(PROBE_ROWS), 64), generator=gen, dtype=torch.int8)  # (M, in)
+        for top in (0, len(q) - 3):  # the extremes first and last, so that every row count meets them
+            q[top], q[top + 1], q[top + 2, ::2], q[top + 2, 1::2] = 127, -127, 127, -127
+        exact = (q.long() @ weight.long().t()).float()
+        product = cls.__new__(cls)
+        product.prepare(weight, torch.ones(len(weight)))
+        return all(
+            torch.equal(product.multiply(q[rows].contiguous()), exact[rows])
+            for m in PROBE_ROWS
+            for rows in (slice(0, m), slice(len(q) - m, len(q)))
+        )
+
+    @classmethod
+    def probe(cls) -> int | None:
+        """The weights' bits (8, else 7) with which the sums are exact here; None if neither."""
+        return next((bits for bits in (8, 7) if cls.exact_with(bits)), None)
+
+
+class _OneDNN(_RowQuantized):
+    """oneDNN's quantized inner product, the weights prepacked once, q shifted into u8 (zero point 128)."""
+
+    name = "onednn"
+
+    def prepare(self, weight: Tensor, scales: Tensor) -> None:
+        self.weight = torch.ops.onednn.qlinear_prepack(weight, None)
+        self.scales = scales.float().contiguous()
+        self.zero_points = torch.zeros(len(scales), dtype=torch.long)
+
+    def multiply(self, q: Tensor) -> Tensor:
+        u = q.to(torch.int16).add_(128).to(torch.uint8)
+        return torch.ops.onednn.qlinear_pointwise(
+            u,
+            1.0,
+            128,
+            self.weight,
+            self.scales,
+            self.zero_points,
+            None,
+            1.0,
+            0,
+            torch.float32,
+            "none",
+            [],
+            "",
+        )
+
+
+class _IntMM(_RowQuantized):
+    """torch._int_mm: int32 sums, scaled per output row after."""
+
+    name = "int_mm"
+
+    def prepare(self, weight: Tensor, scales: Tensor) -> None:
+        self.weight_t, self.scales = weight.t(), scales.float().contiguous()  # (in, out), (out,)
+
+    def multiply(self, q: Tensor) -> Tensor:
+        # int32 -> float32 first, then in place: about half the time of a mixed-type multiply and a new tensor
+        return torch._int_mm(q, self.weight_t).float().mul_(self.scales)
+
+
+class _Fbgemm:
+    """fbgemm's dynamic quantized linear, each call made to span [-1, 1] (the module's docstring)."""
+
+    name = "fbgemm"
+
+    def __init__(self, weight: Tensor, bias: Tensor, activation_bits: int):
+        self.bits, self.bias, self.in_features = activation_bits, bias, weight.shape[1]
+        scales = (weight.abs().amax(dim=1) / 127).clamp(min=1e-12)
+        self.weight = self._pack(weight, scales)
+
+    @staticmethod
+    def linear(x: Tensor, packed: Tensor, reduce_range: bool) -> Tensor:
+        return torch.ops.quantized.linear_dynamic(x, packed, reduce_range)
+
+    @staticmethod
+    def _pack(weight: Tensor, scales: Tensor) -> Tensor:
+        """(out, in) float32 weights -> fbgemm's packed int8 (out, in + 2), the two range columns zero."""
+        padded = torch.cat([weight, weight.new_zeros(len(weight), 2)], dim=1)
+        zero = torch.zeros(len(weight), dtype=torch.long)
+        with (
+            warnings.catch_warnings()
+        ):  # torch 2.13 marks quantized tensors deprecated; the op has no other input
+            warnings.simplefilter("ignore")
+            quantized = torch.quantize_per_channel(padded, scales.double(), zero, 0, torch.qint8)
+            return torch.ops.quantized.linear_prepack(quantized, None)
+
+    def spanned(self, rows: Tensor) -> Tensor:
+        """(M, in) -> (M, in + 2): the rows, then +1 and -1."""
+        x = rows.new_empty(rows.shape[0], self.in_features + 2)
+        x[:, self.in_features], x[:, self.in_features + 1] = 1.0, -1.0
+        x[:, : self.in_features] = rows
+        return x
+
+    def __call__(self, rows: Tensor) -> Tensor:
+        a = rows.abs().amax(dim=1, keepdim=True).clamp_min_(_TINY)  # (M, 1)
+        x = self.spanned(rows)
+        x[:, : self.in_features].div_(a)  # each row's largest |x| is now exactly 1
+        y = self.linear(x, self.weight, self.bits < 8)  # reduce_range: 7 bits
+        return torch.addcmul(self.bias, y, a, out=y)
+
+    @classmethod
+    def exact_with(cls, bits: int) -> bool:
+        """Whether fbgemm's sums are exact with `bits`-bit activations: inputs k / h that it quantizes to
+        the integers k + zero point (h = 63.5 for 7 bits, 127.5 for 8), the extremes against the largest
+        weights, at several row counts; the scaled output times h is then the exact integer sum."""
+        half, top = (127.5, 127) if bits == 8 else (63.5, 63)
+        gen = torch.Generator().manual_seed(0)
+        weight = torch.randint(-127, 128, (32, 64), generator=gen).float()
+        weight[0], weight[1] = 127, -127
+        k = torch.randint(-top, top + 1, (max(PROBE_ROWS), 64), generator=gen).float()
+        for first in (0, len(k) - 3):
+            k[first], k[first + 1], k[first + 2, ::2], k[first + 2, 1::2] = top, -top, top, -top
+        product = cls.__new__(cls)
+        product.in_features, product.weight = 64, cls._pack(weight, torch.ones(len(weight)))
+        x = product.spanned(k / half)
+        exact = k.double() @ weight.double().t()
+        return all(
+            (cls.linear(x[rows].contiguous(), product.weight, bits < 8).double() * half
+             - exact[rows]).abs().max() < 0.25  # float32 rounding of sums below 2^20: under 0.1
+            for m in PROBE_ROWS
+            for rows in (slice(0, m), slice(len(k) - m, len(k)))
+        )  # fmt: skip
+
+    @classmethod
+    def probe(cls) -> int | None:
+        """The activations' bits (8, else 7) with which the sums are exact here; None if neither."""
+        return next((bits for bits in (8, 7) if cls.exact_with(bits)), None)
+
+
+KERNELS = (_Fbgemm, _OneDNN, _IntMM)  # in order of preference
 
 
 @functools.cache
+def kernel() -> tuple[type, int]:
+    """The int8 product this CPU runs, the first of KERNELS that is exact, and its bits (probe)."""
+    errors = []
+    for product in KERNELS:
+        try:
+            bits = product.probe()
+        except (AttributeError, RuntimeError, NotImplementedError) as err:
+            errors.append(f"{product.name}: {str(err).splitlines()[0] if str(err) else type(err).__name__}")
+            continue
+        if bits is not None:
+            return product, bits
+        errors.append(f"{product.name}: not exact even with 7 bits")
+    raise NmtError(f"--dtype int8 needs an exact int8 product in torch; here: {'; '.join(errors)}")
+
+
 def weight_bits() -> int:
-    """8 where this CPU's int8 product is exact with full 8-bit weights (VNNI), else 7."""
-    try:
-        if _exact_with(8):
-            return 8
-        if _exact_with(7):
-            return 7
-    except (AttributeError, RuntimeError, NotImplementedError) as err:
-        raise NmtError(f"--dtype int8 needs torch's int8 product (torch._int_mm): {err}") from err
-    raise NmtError("--dtype int8: torch's int8 product is not exact on this CPU even with 7-bit weights")
+    """The bits of the kernel's integers where it has to give some up (8 with VNNI or AMX, else 7)."""
+    return kernel()[1]
 
 
 class Int8Linear(nn.Module):
@@ -81,25 +256,17 @@ class Int8Linear(nn.Module):
     def __init__(self, weight: Tensor, bias: Tensor | None):
         super().__init__()
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
-        self.bits = weight_bits()
-        level = (1 << (self.bits - 1)) - 1  # the weights' integers are in [-level, level]
-        weight = weight.detach().float()
-        self.scales = (weight.abs().amax(dim=1) / level).clamp(min=1e-12)  # (out,)
-        self.weight_t = torch.round(weight / self.scales[:, None]).to(torch.int8).t()  # (in, out)
-        self.bias = torch.zeros(self.out_features) if bias is None else bias.detach().float().contiguous()
+        product, bits = kernel()
+        bias = torch.zeros(self.out_features) if bias is None else bias.detach().float().contiguous()
+        self.product = product(weight.detach().float(), bias, bits)
 
     def forward(self, x: Tensor) -> Tensor:
-        rows = x.reshape(-1, self.in_features)  # (M, in)
-        scale = rows.abs().amax(dim=1, keepdim=True).div_(127).clamp_min_(_TINY)  # (M, 1) a_r
-        q = torch.div(rows, scale).round_().to(torch.int8)  # (M, in) in [-127, 127]
-        acc = torch._int_mm(q, self.weight_t)  # (M, out) int32, exact
-        # int32 -> float32 first, then in place: about half the time of a mixed-type multiply and a new tensor
-        y = acc.float().mul_(self.scales)  # (M, out) s_o acc
-        y = torch.addcmul(self.bias, y, scale, out=y)  # (M, out) a_r s_o acc + b_o
+        y = self.product(x.reshape(-1, self.in_features))  # (M, out)
         return y.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, {self.bits}-bit weights"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, {self.product.name} "
+                f"{self.product.bits}-bit")  # fmt: skip
 
 
 def quantize_int8(model: nn.Module) -> nn.Module:
@@ -109,7 +276,7 @@ def quantize_int8(model: nn.Module) -> nn.Module:
     param = next(model.parameters())
     if param.device.type != "cpu" or param.dtype != torch.float32:
         raise NmtError(f"--dtype int8 is for a float32 model on the CPU, not {param.dtype} on {param.device}")
-    weight_bits()  # the kernel's check, before any weight is quantized
+    kernel()  # the kernels' check, before any weight is quantized
     model.eval()
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
