@@ -390,3 +390,40 @@ def test_sigterm_while_the_workers_start_stops_the_command(model, tmp_path):
             proc.kill()
         assert proc.returncode == 128 + signal.SIGTERM, (attempt, stderr.decode())
         assert not out.exists()
+
+
+def test_decoding_threads_wait_passively_unless_the_user_chose():
+    from nmt.cli import threads_wait_passively
+
+    for given, expected in (
+        ({}, {"OMP_WAIT_POLICY": "PASSIVE"}),
+        ({"OMP_WAIT_POLICY": "ACTIVE"}, {"OMP_WAIT_POLICY": "ACTIVE"}),
+        ({"GOMP_SPINCOUNT": "300000"}, {"GOMP_SPINCOUNT": "300000"}),
+    ):
+        env = dict(given)
+        threads_wait_passively(env)
+        assert env == expected
+
+
+@pytest.mark.parametrize("command", ["translate", "serve"])
+def test_the_wait_policy_is_set_before_torch_loads_openmp(model, tmp_path, command):
+    """OpenMP reads OMP_WAIT_POLICY once, when torch loads it: `nmt translate` and `nmt serve` set it
+    before anything has imported torch (the command then runs on and fails on a missing input or port)."""
+    probe = (
+        "import sys, nmt.cli as c\n"
+        "real = c.threads_wait_passively\n"
+        "def seen():\n"
+        "    print('torch loaded' if 'torch' in sys.modules else 'torch not loaded', flush=True)\n"
+        "    real()\n"
+        "    raise SystemExit(0)\n"
+        "c.threads_wait_passively = seen\n"
+        "sys.argv = ['nmt', *sys.argv[1:]]\n"
+        "c.main()\n"
+    )
+    args = {"translate": ["-m", model, "-i", tmp_path / "missing.en"], "serve": ["-m", model, "--port", "0"]}
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    done = subprocess.run(
+        [sys.executable, "-c", probe, command, *map(str, args[command])],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert done.stdout.strip() == "torch not loaded", done.stderr
