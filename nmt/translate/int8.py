@@ -53,7 +53,7 @@ from torch import Tensor, nn
 
 from nmt.errors import NmtError
 
-PROBE_ROWS = (1, 3, 8, 64, 512)  # the row counts weight_bits checks the int8 product at
+PROBE_ROWS = (1, 3, 8, 64, 512)  # the row counts at which `kernel` checks each product
 _TINY = 1e-30  # the scale of an all-zero row, whose integers are then all 0
 
 
@@ -63,10 +63,28 @@ def _row_integers(rows: Tensor) -> tuple[Tensor, Tensor]:
     return torch.div(rows, scale).round_().to(torch.int8), scale
 
 
-class _RowQuantized:
-    """Rows quantized here (_row_integers), multiplied by `weight_bits`-bit weights in `multiply`."""
+class _Kernel:
+    """An int8 product: built over (out, in) float32 weights and (out,) bias, called on (M, in) float32
+    rows, giving (M, out) float32. `bits`: of the integers it has to narrow where sums would saturate."""
 
     name = ""
+    bits = 8
+
+    def __call__(self, rows: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    @classmethod
+    def exact_with(cls, bits: int) -> bool:
+        raise NotImplementedError
+
+    @classmethod
+    def probe(cls) -> int | None:
+        """The bits (8, else 7) with which this kernel's integer sums are exact here; None if neither."""
+        return next((bits for bits in (8, 7) if cls.exact_with(bits)), None)
+
+
+class _RowQuantized(_Kernel):
+    """Rows quantized here (_row_integers), multiplied by `weight_bits`-bit weights in `multiply`."""
 
     def __init__(self, weight: Tensor, bias: Tensor, weight_bits: int):  # (out, in), (out,) float32
         level = (1 << (weight_bits - 1)) - 1  # the weights' integers are in [-level, level]
@@ -108,11 +126,6 @@ class _RowQuantized:
             for m in PROBE_ROWS
             for rows in (slice(0, m), slice(len(q) - m, len(q)))
         )
-
-    @classmethod
-    def probe(cls) -> int | None:
-        """The weights' bits (8, else 7) with which the sums are exact here; None if neither."""
-        return next((bits for bits in (8, 7) if cls.exact_with(bits)), None)
 
 
 class _OneDNN(_RowQuantized):
@@ -157,7 +170,7 @@ class _IntMM(_RowQuantized):
         return torch._int_mm(q, self.weight_t).float().mul_(self.scales)
 
 
-class _Fbgemm:
+class _Fbgemm(_Kernel):
     """fbgemm's dynamic quantized linear, each call made to span [-1, 1] (the module's docstring)."""
 
     name = "fbgemm"
@@ -176,9 +189,8 @@ class _Fbgemm:
         """(out, in) float32 weights -> fbgemm's packed int8 (out, in + 2), the two range columns zero."""
         padded = torch.cat([weight, weight.new_zeros(len(weight), 2)], dim=1)
         zero = torch.zeros(len(weight), dtype=torch.long)
-        with (
-            warnings.catch_warnings()
-        ):  # torch 2.13 marks quantized tensors deprecated; the op has no other input
+        # torch 2.13 marks quantized tensors deprecated; fbgemm's prepack takes no other input
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             quantized = torch.quantize_per_channel(padded, scales.double(), zero, 0, torch.qint8)
             return torch.ops.quantized.linear_prepack(quantized, None)
@@ -220,17 +232,12 @@ class _Fbgemm:
             for rows in (slice(0, m), slice(len(k) - m, len(k)))
         )  # fmt: skip
 
-    @classmethod
-    def probe(cls) -> int | None:
-        """The activations' bits (8, else 7) with which the sums are exact here; None if neither."""
-        return next((bits for bits in (8, 7) if cls.exact_with(bits)), None)
-
 
 KERNELS = (_Fbgemm, _OneDNN, _IntMM)  # in order of preference
 
 
 @functools.cache
-def kernel() -> tuple[type, int]:
+def kernel() -> tuple[type[_Kernel], int]:
     """The int8 product this CPU runs, the first of KERNELS that is exact, and its bits (probe)."""
     errors = []
     for product in KERNELS:
