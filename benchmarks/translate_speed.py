@@ -34,9 +34,9 @@ CPU_ENGINES = [("nmt", "fp32"), ("nmt", "int8"), ("ctranslate2", "float32"), ("c
 GPU_ENGINES = [("nmt", "bf16"), ("ctranslate2", "float16"), ("ctranslate2", "bfloat16")]
 # --isa: the instruction sets a CPU engine can be held to, newest first, each with the /proc/cpuinfo flag
 # that says the CPU has it and the environment that holds torch's (ATen, oneDNN) and CTranslate2's kernels
-# to it. "native" is whatever the CPU has, AMX included.
+# to it. "native" is whatever the CPU has, AMX included (reachable_isas decides when it is worth a table).
 ISAS = {
-    "native": ("avx2", {}),
+    "native": ("", {}),
     "avx512_core_vnni": (
         "avx512_vnni",
         {
@@ -59,7 +59,7 @@ ISAS = {
 def reachable_isas() -> list[str]:
     """--isa all: each of ISAS this CPU has, newest first; `native` only where it is more than AVX2."""
     flags = set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").exists() else set()
-    found = [name for name, (flag, _) in ISAS.items() if flag in flags and name != "native"]
+    found = [name for name, (flag, _) in ISAS.items() if flag in flags]
     return (["native"] if flags & {"amx_tile", "avx512f"} else []) + found
 
 

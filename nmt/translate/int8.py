@@ -195,17 +195,16 @@ class _Fbgemm(_Kernel):
             quantized = torch.quantize_per_channel(padded, scales.double(), zero, 0, torch.qint8)
             return torch.ops.quantized.linear_prepack(quantized, None)
 
-    def spanned(self, rows: Tensor) -> Tensor:
-        """(M, in) -> (M, in + 2): the rows, then +1 and -1."""
+    def spanned(self, rows: Tensor, divisor: Tensor | float) -> Tensor:
+        """(M, in) -> (M, in + 2): the rows divided by `divisor`, then +1 and -1, in one pass."""
         x = rows.new_empty(rows.shape[0], self.in_features + 2)
         x[:, self.in_features], x[:, self.in_features + 1] = 1.0, -1.0
-        x[:, : self.in_features] = rows
+        torch.div(rows, divisor, out=x[:, : self.in_features])
         return x
 
     def __call__(self, rows: Tensor) -> Tensor:
         a = rows.abs().amax(dim=1, keepdim=True).clamp_min_(_TINY)  # (M, 1)
-        x = self.spanned(rows)
-        x[:, : self.in_features].div_(a)  # each row's largest |x| is now exactly 1
+        x = self.spanned(rows, a)  # each row's largest |x| is now exactly 1
         y = self.linear(x, self.weight, self.bits < 8)  # reduce_range: 7 bits
         return torch.addcmul(self.bias, y, a, out=y)
 
@@ -223,7 +222,7 @@ class _Fbgemm(_Kernel):
             k[first], k[first + 1], k[first + 2, ::2], k[first + 2, 1::2] = top, -top, top, -top
         product = cls.__new__(cls)
         product.in_features, product.weight = 64, cls._pack(weight, torch.ones(len(weight)))
-        x = product.spanned(k / half)
+        x = product.spanned(k, half)
         exact = k.double() @ weight.double().t()
         return all(
             (cls.linear(x[rows].contiguous(), product.weight, bits < 8).double() * half
