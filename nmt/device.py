@@ -70,3 +70,20 @@ def inference_dtype(precision: Precision, device: torch.device) -> torch.dtype:
     scores use, and make them depend on the batch; CPU translation keeps fp32 unless asked.
     """
     return resolve_dtype(precision, device, cpu_bf16=False)
+
+
+def inference_choice(precision: Precision, device: torch.device) -> str:
+    """Why `--dtype auto` chose what it did for translation, a clause for the log; "" where the user chose.
+
+    On the CPU auto keeps float32 also where bf16 is native (AMX, AVX-512 BF16): there it was 1.15x
+    float32's speed on files with AMX, but 1.6x its one-sentence latency and 346 MiB more memory, and its
+    translations differ from the float32 ones validation scored (benchmarks/RESULTS.md, "int8 kernels and
+    bf16 on a CPU with AMX"). `--dtype bf16` asks for it.
+    """
+    if precision is not Precision.AUTO or device.type != "cpu":
+        return ""
+    if torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return (
+            "the default on the CPU (bf16, native here, took 1.6x fp32's one-sentence latency: --dtype bf16)"
+        )
+    return "the default on a CPU without native bf16 (AVX-512 BF16 or AMX)"

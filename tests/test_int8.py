@@ -14,6 +14,7 @@ from nmt.cli import app
 from nmt.config import Precision
 from nmt.errors import NmtError
 from nmt.model import Transformer
+from nmt.translate import int8
 from nmt.translate.int8 import Int8Linear, quantize_int8
 
 from .synthetic import make_config
@@ -84,6 +85,27 @@ def translate(model: Path, source: Path, *options: str) -> list[str]:
     return result.stdout.split("\n")[:-1]
 
 
+def test_the_log_says_what_the_products_run_in_and_why(synthetic_run: Path):
+    """The summary line of `nmt translate`: int8's kernel and bits as the probe found them on this CPU,
+    and for --dtype auto why it kept fp32 (bf16 native here or not); nothing to explain for a choice
+    the user made."""
+    model, source = synthetic_run / "checkpoints" / "best.pt", synthetic_run / "data" / "valid.xx"
+
+    def summary(*options: str) -> str:
+        result = CliRunner().invoke(app, ["translate", "-m", str(model), "-i", str(source), *options])
+        assert result.exit_code == 0, result.output
+        (line,) = [x for x in result.stderr.splitlines() if x.startswith("translated ")]
+        return line
+
+    kernel, bits = int8.kernel()
+    assert f"device cpu, int8, by {kernel.name} with {bits}-bit " in summary("--dtype", "int8")
+    native = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    auto = summary("--device", "cpu")
+    assert "float32 (decoder products prepacked for oneDNN), the default on " in auto
+    assert ("bf16, native here" in auto) == native and ("without native bf16" in auto) == (not native)
+    assert summary("--device", "cpu", "--dtype", "fp32").endswith("prepacked for oneDNN)")
+
+
 def test_int8_translations_score_as_fp32s(synthetic_run: Path):
     """The trained reversal model through `nmt translate --dtype int8`: BLEU against the references
     within a point of fp32's, and most lines the same as fp32's."""
@@ -106,7 +128,8 @@ def test_nmt_serve_loads_int8(synthetic_run: Path):
 
     server = Server(synthetic_run / "checkpoints" / "best.pt", "--dtype", "int8", "--device", "cpu")
     try:
-        assert ", int8, beam" in "".join(server.log)
+        kernel, bits = int8.kernel()
+        assert f", int8, by {kernel.name} with {bits}-bit " in "".join(server.log)  # what runs, and why
         status, body = server.request("/translate", {"q": "a b c", "source": "xx", "target": "yy"})
         assert (status, body) == (200, {"translatedText": "c b a"})
     finally:

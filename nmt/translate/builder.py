@@ -18,7 +18,7 @@ from rich.console import Console
 
 from nmt.checkpoint import LoadedModel, read_model
 from nmt.config import DecodeConfig, DecodeOverrides, Engine, Precision
-from nmt.device import attention_for_varying_shapes, inference_dtype, resolve_device
+from nmt.device import attention_for_varying_shapes, inference_choice, inference_dtype, resolve_device
 from nmt.errors import NmtError
 from nmt.languages import same, short, target_tag
 from nmt.subword import Subword
@@ -40,6 +40,9 @@ class BuiltTranslator:
     # model that reads its target from a tag (nmt.languages), several sources for one trained on them.
     sources: tuple[str, ...] = ()
     targets: tuple[str, ...] = ()
+    # why the precision is what it is, for the log (device.inference_choice, int8.kernel_words); kept out
+    # of `precision`, which chunk manifests compare on resume
+    why: str = ""
 
     @property
     def engine(self) -> Engine:
@@ -54,9 +57,10 @@ class BuiltTranslator:
         return self.translator.subword
 
     def describe(self) -> str:
-        """For a log line, e.g. `device cpu, float32 (decoder products prepacked for oneDNN)`."""
+        """For a log line, e.g. `device cpu, float32 (decoder products prepacked for oneDNN), the default on
+        a CPU without native bf16 (AVX-512 BF16 or AMX)`."""
         engine = "" if self.engine is Engine.TORCH else "CTranslate2 "
-        return f"device {self.device}, {engine}{self.precision}"
+        return f"device {self.device}, {engine}{self.precision}" + (f", {self.why}" if self.why else "")
 
 
 def build_translator(
@@ -129,7 +133,8 @@ def build_translator(
         model, subword, decode, torch_device, console, shortlist, terminology, workers, tag
     )
     languages = cfg.data.src_lang, cfg.data.tgt_lang
-    return BuiltTranslator(translator, *languages, torch_device, precision_of(model), sources, targets)
+    why = precision_words(precision, torch_device)
+    return BuiltTranslator(translator, *languages, torch_device, precision_of(model), sources, targets, why)
 
 
 def model_languages(data, subword: Subword) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -243,6 +248,15 @@ def inference_model(model, precision: Precision, device: torch.device, prepack: 
 
             prepack_decoder(member)
     return model
+
+
+def precision_words(precision: Precision | None, device: torch.device) -> str:
+    """Why the products run in what they do: int8's kernel and bits, or what `--dtype auto` weighed."""
+    if precision is Precision.INT8:
+        from nmt.translate.int8 import kernel_words
+
+        return kernel_words()
+    return inference_choice(precision, device) if precision is not None else ""
 
 
 def precision_of(model) -> str:

@@ -251,6 +251,14 @@ def kernel() -> tuple[type[_Kernel], int]:
     raise NmtError(f"--dtype int8 needs an exact int8 product in torch; here: {'; '.join(errors)}")
 
 
+def kernel_words() -> str:
+    """The kernel and its bits, a clause for the log: `by fbgemm with 7-bit activations (int16 pair sums
+    here)`."""
+    product, bits = kernel()
+    which = "activations" if product is _Fbgemm else "weights"
+    return f"by {product.name} with {bits}-bit {which}" + (" (int16 pair sums here)" if bits < 8 else "")
+
+
 def weight_bits() -> int:
     """The bits of the kernel's integers where it has to give some up (8 with VNNI or AMX, else 7)."""
     return kernel()[1]

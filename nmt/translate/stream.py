@@ -201,7 +201,9 @@ def translate_stream(
                 stream.close()
     if not interactive:
         seconds = time.perf_counter() - start
-        console.print(f"translated {done} lines in {seconds:.1f} s ({done / max(seconds, 1e-9):.1f} lines/s)")
+        rate = f"{done / max(seconds, 1e-9):.1f} lines/s"
+        done_in = f"translated {done} lines in {seconds:.1f} s ({rate})"
+        console.print(f"{done_in}; {built.describe()}", highlight=False)
 
 
 def cut_paragraphs(lines: list[str], first_line: int, console: Console) -> list[str]:
