@@ -159,7 +159,8 @@ class TorchEngine:
         what else the search is given in vocabulary ids."""
         model = self.model
         was_training = model.training
-        model.eval()
+        if was_training:  # eval()/train() walk every submodule: ~1 ms a call for one sentence's search
+            model.eval()
         try:
             with torch.inference_mode():
                 src = padded_sources(ids, self.device, self.max_positions)
@@ -172,7 +173,8 @@ class TorchEngine:
                 decoder = ShortlistDecoder(model, self.shortlist, src, torch.cat(added, 1) if added else None)
                 return decoder.from_union(search(decoder, src, decoder.to_union(prefix), decoder.ids))
         finally:
-            model.train(was_training)
+            if was_training:
+                model.train()
 
     def greedy(
         self,
