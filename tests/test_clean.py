@@ -5,8 +5,10 @@ from __future__ import annotations
 import string
 
 import pytest
+import torch
 
 from nmt.config import config_from_dict
+from nmt.data import clean
 from nmt.data.clean import Seen, clean_pairs
 
 hypothesis = pytest.importorskip(
@@ -51,3 +53,39 @@ def test_any_text_is_cleaned_without_error_and_kept_pairs_are_distinct_non_copie
     kept = list(clean_pairs(iter(pairs), data(max_ratio=100.0), dropped))
     assert len(kept) + sum(dropped.values()) == len(pairs)
     assert len(set(kept)) == len(kept) and all(s != t for s, t in kept)
+
+
+# Pairs drawn from few words and a few variants of case and punctuation: many exact and near duplicates.
+REPEATING = st.lists(
+    st.tuples(
+        st.sampled_from(["a dog", "A dog.", "a cat", "a dog!", "two", "A  Dog"]),
+        st.sampled_from(["ein Hund", "Ein Hund.", "eine Katze", "zwei", "EIN HUND"]),
+    ),
+    max_size=60,
+)
+
+
+@given(pairs=REPEATING, flush=st.integers(1, 5), block=st.integers(1, 7))
+def test_where_the_older_keys_are_kept_changes_no_verdict(pairs, flush, block):
+    """Keys move from the recent set into sorted runs every `flush` keys, looked up `block` pairs at a
+    time: the same pairs are kept and dropped, for the same reasons, as with every key in one set."""
+    everything: dict[str, int] = {}
+    want = list(clean_pairs(iter(pairs), data(max_ratio=100.0), everything))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(clean._Keys, "FLUSH", flush)
+        patch.setattr(clean, "BLOCK", block)
+        seen, runs = Seen(), {}
+        assert list(clean_pairs(iter(pairs), data(max_ratio=100.0), runs, seen)) == want
+    assert runs == everything
+    stored = sum(len(r) for r in seen.exact.runs) + len(seen.exact.recent)
+    assert stored == len(want)  # a key a kept pair, each stored once
+
+
+def test_the_runs_stay_few_as_the_keys_grow(monkeypatch):
+    monkeypatch.setattr(clean._Keys, "FLUSH", 4)
+    keys = clean._Keys()
+    for k in range(1000):
+        keys.recent.add(k * 7919 % 1009 - 500)
+        keys.settle()
+    assert len(keys.runs) <= 9  # about log2(1000 / 4), not 1000 / 4
+    assert torch.equal(keys.stored(torch.tensor([-500, 0, 2000])), torch.tensor([True, True, False]))
