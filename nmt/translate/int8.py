@@ -69,6 +69,7 @@ class _Kernel:
 
     name = ""
     bits = 8
+    narrowed = "weights"  # which integers get 7 bits where sums would saturate (the module's docstring)
 
     def __call__(self, rows: Tensor) -> Tensor:
         raise NotImplementedError
@@ -174,6 +175,7 @@ class _Fbgemm(_Kernel):
     """fbgemm's dynamic quantized linear, each call made to span [-1, 1] (the module's docstring)."""
 
     name = "fbgemm"
+    narrowed = "activations"
 
     def __init__(self, weight: Tensor, bias: Tensor, activation_bits: int):
         self.bits, self.bias, self.in_features = activation_bits, bias, weight.shape[1]
@@ -255,8 +257,8 @@ def kernel_words() -> str:
     """The kernel and its bits, a clause for the log: `by fbgemm with 7-bit activations (int16 pair sums
     here)`."""
     product, bits = kernel()
-    which = "activations" if product is _Fbgemm else "weights"
-    return f"by {product.name} with {bits}-bit {which}" + (" (int16 pair sums here)" if bits < 8 else "")
+    saturating = " (int16 pair sums here)" if bits < 8 else ""
+    return f"by {product.name} with {bits}-bit {product.narrowed}{saturating}"
 
 
 def weight_bits() -> int:
