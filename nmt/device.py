@@ -44,19 +44,30 @@ def attention_for_varying_shapes(device: torch.device) -> None:
         torch.backends.cuda.enable_cudnn_sdp(False)
 
 
+def cpu_bf16_native() -> bool:
+    """Whether this CPU multiplies bf16 in hardware: AVX512-BF16 or AMX.
+
+    Not oneDNN's `_is_mkldnn_bf16_supported`, which is true on any AVX-512 CPU (Skylake-SP, Cascade
+    Lake, Ice Lake: it converts bf16 with AVX512BW and multiplies in fp32): there the Multi30k recipe
+    trained at 789-841 target tokens/s in bf16 autocast against 2,540-2,880 in fp32 (a Xeon with
+    avx512bw and avx512_vnni, no avx512_bf16; benchmarks/RESULTS.md, "bf16 on AVX-512 without BF16").
+    """
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+
+
 def resolve_dtype(precision: Precision, device: torch.device, cpu_bf16: bool = True) -> torch.dtype:
     """auto is bf16 where the hardware multiplies bf16 natively, else fp32.
 
-    On a GPU that is any bf16-capable CUDA device; on a CPU it takes AVX512-BF16 or AMX (oneDNN's check):
-    there bf16 matmuls run several times faster than fp32, while on an AVX2-only CPU they are emulated
-    and hundreds of times slower. `cpu_bf16=False` keeps the CPU at fp32 (translation: see
-    inference_dtype).
+    On a GPU that is any bf16-capable CUDA device; on a CPU it takes AVX512-BF16 or AMX
+    (cpu_bf16_native): there bf16 matmuls run several times faster than fp32, while elsewhere they are
+    converted or emulated and slower (3.3x on AVX-512 without BF16, hundreds of times on AVX2).
+    `cpu_bf16=False` keeps the CPU at fp32 (translation: see inference_dtype).
     """
     if precision is Precision.AUTO:
         if device.type == "cuda":
             bf16 = torch.cuda.is_bf16_supported()
         else:
-            bf16 = cpu_bf16 and device.type == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+            bf16 = cpu_bf16 and device.type == "cpu" and cpu_bf16_native()
         return torch.bfloat16 if bf16 else torch.float32
     if precision not in DTYPES:
         raise NmtError(f"precision {precision}: not a torch dtype (int8 is for translating on the CPU)")
@@ -82,7 +93,7 @@ def inference_choice(precision: Precision, device: torch.device) -> str:
     """
     if precision is not Precision.AUTO or device.type != "cpu":
         return ""
-    if torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    if cpu_bf16_native():
         return (
             "the default on the CPU (bf16, native here, took 1.6x fp32's one-sentence latency: --dtype bf16)"
         )

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from nmt.cli import app
 from nmt.config import Precision
+from nmt.device import cpu_bf16_native
 from nmt.errors import NmtError
 from nmt.model import Transformer
 from nmt.translate import int8
@@ -99,7 +100,7 @@ def test_the_log_says_what_the_products_run_in_and_why(synthetic_run: Path):
 
     kernel, bits = int8.kernel()
     assert f"device cpu, int8, by {kernel.name} with {bits}-bit " in summary("--dtype", "int8")
-    native = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    native = cpu_bf16_native()
     auto = summary("--device", "cpu")
     assert "float32 (decoder products prepacked for oneDNN), the default on " in auto
     assert ("bf16, native here" in auto) == native and ("without native bf16" in auto) == (not native)

@@ -21,6 +21,7 @@ from nmt.cli import app
 from nmt.config import config_to_dict
 from nmt.data.batching import collate
 from nmt.data.binarized import ParallelData
+from nmt.device import cpu_bf16_native
 from nmt.errors import NmtError
 from nmt.train import train
 from nmt.train.optim import inverse_sqrt_lr, lr_scale
@@ -179,7 +180,7 @@ def test_sigterm_saves_a_checkpoint_then_exits(tmp_path, synthetic):
     err = proc.communicate(timeout=60)[1]
     assert proc.returncode == 128 + signal.SIGTERM, err  # so schedulers and `nmt run` see the interruption
     assert "stopped by SIGTERM" in err and "run the same command to resume" in err
-    chosen = "bfloat16 autocast" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "fp32"
+    chosen = "bfloat16 autocast" if cpu_bf16_native() else "fp32"
     assert f"precision {chosen} (train.precision=auto), compile off" in " ".join(err.split())
     step = load_checkpoint(workdir / "checkpoints" / "last.pt").train_state["progress"]["step"]
     assert step >= 1
