@@ -23,7 +23,7 @@ import yaml
 
 from nmt import limits
 from nmt.errors import ConfigError, NmtError
-from nmt.languages import BT_TAG, same, target_tag
+from nmt.languages import BT_TAG, TERM_CLOSE, TERM_OPEN, same, target_tag
 
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"  # a link to the top-level recipes/ in a checkout
 DEFAULT_RECIPE = "multi30k-en-de"
@@ -105,6 +105,12 @@ class AugmentConfig:
     titlecase: float = 0.0
     typos: float = 0.0
     remove_end_punct: float = 0.0
+    # Inline terms (nmt.data.terms, Dinu et al. 2019): the share of training pairs with up to two source
+    # words followed by their target word between the reserved <term> </term>, so a glossary's terms are
+    # placed where their word was; and the share of those words given another word's target (both sides),
+    # so the model writes the term it is given rather than the one it would have written.
+    inline_terms: float = 0.0
+    inline_terms_other: float = 0.0
     seed: int = 1
 
 
@@ -195,10 +201,12 @@ class DataConfig:
         """The reserved subwords the vocabulary is trained with, inserted by id (nmt.languages): a
         target tag per language where there are several targets, so a bilingual model has none and
         stays what it always was; and <BT> where a training corpus is tagged (CorpusSpec.tag) or will be
-        (a tagged back-translation recipe, whose vocabulary is trained before its synthetic corpus exists)."""
+        (a tagged back-translation recipe, whose vocabulary is trained before its synthetic corpus exists);
+        <term> and </term> where training pairs get inline terms (data.augment.inline_terms)."""
         targets = tuple(target_tag(t) for t in self.targets) if len(self.targets) > 1 else ()
         bt = any(c.tag for c in self.train) or (self.backtranslate is not None and self.backtranslate.tag)
-        return targets + ((BT_TAG,) if bt else ())
+        terms = (TERM_OPEN, TERM_CLOSE) if self.augment.inline_terms > 0 else ()
+        return targets + ((BT_TAG,) if bt else ()) + terms
 
 
 # The largest model nmt builds, in each dimension (a recipe, a checkpoint, an imported config.json):
@@ -609,7 +617,7 @@ def _check(cfg: Config, source: str, corpora: bool = True) -> None:
     need(data.src_lang != data.tgt_lang, "data.tgt_lang", "must differ from data.src_lang")
     need(0.0 <= data.langid_threshold <= 1.0, "data.langid_threshold", "must be in [0, 1]")
     a = data.augment
-    for key in ("uppercase", "titlecase", "typos", "remove_end_punct"):
+    for key in ("uppercase", "titlecase", "typos", "remove_end_punct", "inline_terms", "inline_terms_other"):
         need(
             0.0 <= getattr(a, key) <= 1.0, f"data.augment.{key}", f"must be in [0, 1], got {getattr(a, key)}"
         )

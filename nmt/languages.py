@@ -39,6 +39,10 @@ BIBLIOGRAPHIC = {"ger": "deu", "fre": "fra", "cze": "ces", "dut": "nld", "gre": 
 TAG = re.compile(r">>([a-z]{2,3}(?:_[A-Za-z]{2,8})?)<<")
 # The reserved tag of back-translated sources (Caswell et al., 2019): reserved like the target tags.
 BT_TAG = "<BT>"
+# The reserved pair around a glossary's target term written into the source after its word (inline
+# terms, Dinu et al. 2019: nmt.data.terms).
+TERM_OPEN, TERM_CLOSE = "<term>", "</term>"
+RESERVED = frozenset({BT_TAG, TERM_OPEN, TERM_CLOSE})  # the reserved tags other than target tags
 
 
 def iso3(code: str) -> str:

@@ -25,8 +25,10 @@ import sentencepiece as spm
 from nmt import atomic
 from nmt.config import DataConfig
 from nmt.errors import DataError
-from nmt.languages import BT_TAG, leading_tag, tag_language
+from nmt.languages import RESERVED, leading_tag, tag_language
 from nmt.tokens import BOS, EOS, PAD, UNK
+
+WORD_START = "\u2581"  # SentencePiece's word-start marker
 
 SAMPLE_SEED = 1  # the sentence sample is part of the model: the same corpus gives the same subwords
 PAIR_FORMAT = "nmt-subword-pair"
@@ -198,13 +200,13 @@ class Subword:
 
     @functools.cached_property
     def tags(self) -> dict[str, int]:
-        """The reserved tags of the vocabulary (target tags such as `>>fra<<`, and `<BT>`) and their ids:
-        a SentencePiece model's control symbols, or the tag pieces of an imported pair's vocabulary."""
+        """The reserved tags of the vocabulary (target tags such as `>>fra<<`, `<BT>`, `<term>`) and their
+        ids: a SentencePiece model's control symbols, or the tag pieces of an imported pair's vocabulary."""
         if self.vocabulary is not None:
             pieces = enumerate(self.vocabulary)
         else:
             pieces = ((i, self._sp.id_to_piece(i)) for i in range(self.vocab_size) if self._sp.is_control(i))
-        return {p: i for i, p in pieces if tag_language(p) is not None or p == BT_TAG}
+        return {p: i for i, p in pieces if tag_language(p) is not None or p in RESERVED}
 
     @property
     def targets(self) -> list[str]:
@@ -248,6 +250,20 @@ class Subword:
         else:
             encoded = [self._pair_ids(self._sp, text) for text in texts]
         return [ids if first is None else [first, *ids] for first, ids in zip(firsts, encoded, strict=True)]
+
+    def encode_text(self, text: str, glued: bool = False) -> list[int]:
+        """Subword ids of a piece of a source line assembled around reserved ids (nmt.data.terms), read
+        as text only: no tag is taken from it. `glued`: it continues the word before it ("." after
+        "bike"), so its first piece goes without the word-start marker where the vocabulary has that."""
+        ids = self._sp.encode(text, out_type=int)
+        if glued and ids:
+            first = self._sp.id_to_piece(ids[0])
+            if first == WORD_START:
+                return ids[1:]
+            bare = self._sp.piece_to_id(first[1:]) if first.startswith(WORD_START) else None
+            if bare is not None and bare != self._sp.unk_id():
+                return [bare, *ids[1:]]
+        return ids
 
     def encode_target(self, lines: list[str]) -> list[list[int]]:
         """Subword ids of each target line (training references, forced prefixes)."""

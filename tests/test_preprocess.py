@@ -391,3 +391,40 @@ def test_subwords_trained_twice_on_a_corpus_larger_than_their_sample_are_identic
     assert sample_lines(files, 1500) != sample_lines(files, 1500, seed=2)  # a sample, not the first lines
     assert len(sample_lines(files, 1500)) == 1500
     assert not list((tmp_path / "a").glob("*.txt")) and not list((tmp_path / "a").glob("*.part.*"))
+
+
+def test_inline_terms_go_into_the_binarized_sources_by_id_and_the_text_stays_as_it_was(tmp_path, monkeypatch):
+    from nmt.data.terms import MIN_COUNT
+    from nmt.languages import TERM_CLOSE, TERM_OPEN
+
+    monkeypatch.setenv("NMT_CACHE", str(tmp_path / "cache"))
+    nouns = {"house": "Haus", "tree": "Baum", "water": "Wasser", "horse": "Pferd"}
+    rng = random.Random(0)
+    pairs = []
+    for i in range(40 * MIN_COUNT):
+        a, b = rng.sample(sorted(nouns), 2)
+        pairs.append((f"the {a} and the {b} number {i}.", f"das {nouns[a]} und das {nouns[b]} Nummer {i}."))
+    small_corpus(tmp_path / "m", pairs)
+    augment = {"inline_terms": 0.5, "inline_terms_other": 0.0}
+    recipe = small_recipe(tmp_path / "m", vocab_size=200, max_ratio=3.0, augment=augment)
+    stats, log = run(config_from_dict(recipe), tmp_path / "work", mirror=str(tmp_path / "m"))
+    data = tmp_path / "work/data"
+    sub = Subword.load(data / "spm.model")
+    opening, closing = sub.tags[TERM_OPEN], sub.tags[TERM_CLOSE]
+    inline = stats["train"]["inline_terms"]
+    assert inline["lexicon"] >= len(nouns) and "of which with inline terms" in log
+    assert lines(data / "clean/train.en") == [s for s, _ in pairs]  # in the ids only
+    train = ParallelData(data / "train")
+    sources = [train.src(i).tolist() for i in range(len(train))]
+    annotated = [ids for ids in sources if opening in ids]
+    assert len(annotated) == inline["pairs"] and 0.4 < inline["pairs"] / len(pairs) < 0.6
+    for ids in annotated:  # each term, between its symbols, is the target word of the source word before it
+        start = ids.index(opening)
+        term = sub.decode([ids[start + 1 : ids.index(closing)]])[0]
+        word = sub.decode([ids[:start]])[0].split()[-1]
+        assert nouns[word] == term
+    again, _ = run(config_from_dict(recipe), tmp_path / "again", mirror=str(tmp_path / "m"))
+    assert (tmp_path / "again/data/train.src.bin").read_bytes() == (data / "train.src.bin").read_bytes()
+    off = small_recipe(tmp_path / "m", vocab_size=200, max_ratio=3.0)
+    run(config_from_dict(off), tmp_path / "off", mirror=str(tmp_path / "m"))
+    assert TERM_OPEN not in Subword.load(tmp_path / "off/data/spm.model").tags

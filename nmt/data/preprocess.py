@@ -33,6 +33,7 @@ from nmt.data.augment import MODIFIERS, augment_pair, is_on
 from nmt.data.binarized import write_split
 from nmt.data.clean import REASONS, Seen, clean_pairs, open_text, read_pairs
 from nmt.data.corpora import corpus_text
+from nmt.data.terms import Annotator, lexicon
 from nmt.errors import ConfigError, DataError
 from nmt.languages import BT_TAG
 from nmt.progress import Progress, count_lines
@@ -206,10 +207,19 @@ def binarize(data: DataConfig, out: Path, text_info: dict, console: Console | No
     lengths = (Counter(), Counter())
     groups = []
 
+    annotators: list[Annotator] = []
+
     def kept_pairs(progress: Progress) -> Iterator[tuple[list[int], list[int]]]:
         dropped["too_many_subwords"] = 0
         for direction in data.directions:
-            pairs = _encoded(sub, *clean_text(out, data, direction), progress, _tag(data, direction))
+            annotator = None
+            if data.augment.inline_terms > 0:  # a lexicon of each direction's own cleaned pairs
+                lex = lexicon(read_pairs(*clean_text(out, data, direction)))
+                first = sum(a.seen for a in annotators)
+                annotator = Annotator(sub, lex, data.augment, first, limit=data.max_subwords - 2)
+                annotators.append(annotator)
+            text = clean_text(out, data, direction)
+            pairs = _encoded(sub, *text, progress, _tag(data, direction), annotator)
             for spec in (c for c in data.train if data.direction(c) == direction):
                 group = {"corpus": corpus_key(data, spec), "pairs": 0, "weight": spec.weight}
                 groups.append(group)
@@ -236,6 +246,8 @@ def binarize(data: DataConfig, out: Path, text_info: dict, console: Console | No
         dropped=dropped,
         **_sizes(lengths),
     )
+    if annotators:  # summed over directions; the lexicons' sizes too
+        train["inline_terms"] = {k: sum(a.stats()[k] for a in annotators) for k in annotators[0].stats()}
     valid_lengths = (Counter(), Counter())
 
     def valid_pairs(progress: Progress) -> Iterator[tuple[list[int], list[int]]]:
@@ -325,19 +337,25 @@ class _Counted:
 
 
 def _encoded(
-    sub: Subword, src: Path, tgt: Path, progress: Progress, tag: str | None = None
+    sub: Subword,
+    src: Path,
+    tgt: Path,
+    progress: Progress,
+    tag: str | None = None,
+    annotator: Annotator | None = None,
 ) -> Iterator[tuple[list[int], list[int]]]:
     """Subword ids of aligned files, encoded in chunks so SentencePiece can batch (and thread) them;
-    each source after `tag`'s id where given."""
+    each source after `tag`'s id where given; the pairs `annotator` draws with inline terms."""
     pairs = read_pairs(src, tgt)
     first = [sub.tags[tag]] if tag is not None else []
     while chunk := list(itertools.islice(pairs, ENCODE_CHUNK)):
         sources = sub.encode([s for s, _ in chunk])
-        yield from zip(
-            [first + ids for ids in sources] if first else sources,
-            sub.encode_target([t for _, t in chunk]),
-            strict=True,
-        )
+        targets = sub.encode_target([t for _, t in chunk])
+        if annotator is not None:
+            for j, (s, t) in enumerate(chunk):
+                if (annotated := annotator(s, t)) is not None:
+                    sources[j], targets[j] = annotated
+        yield from zip([first + ids for ids in sources] if first else sources, targets, strict=True)
         progress.advance(len(chunk))
 
 
@@ -378,6 +396,9 @@ def _fingerprint(data: DataConfig, step: str, init_subword: bytes | None = None)
                     corpus.pop(key)
     if settings["sampling_temperature"] == 1.0:
         settings.pop("sampling_temperature")
+    for key in ("inline_terms", "inline_terms_other"):  # binarizing's choice, and absent from older runs
+        if step == "text" or settings["augment"][key] == 0.0:
+            settings["augment"].pop(key)
     # A back-translation recipe's settings choose its synthetic corpus, which joins data.train by name
     # and checksum once written; the vocabulary depends only on whether <BT> is reserved in it.
     backtranslate = settings.pop("backtranslate")
@@ -439,6 +460,12 @@ def _print_stats(stats: dict, data: DataConfig, console: Console) -> None:
     table.add_row("kept", f"{train['kept']:,}")
     for modifier, n in train.get("augmented", {}).items():
         table.add_row(f"of which augmented: {modifier.replace('_', ' ')}", f"{n:,}")
+    if inline := train.get("inline_terms"):
+        table.add_row(
+            f"of which with inline terms ({inline['terms']:,} terms, {inline['other']:,} of them another "
+            f"word's; lexicon {inline['lexicon']:,} words)",
+            f"{inline['pairs']:,}",
+        )
     console.print(table)
     p, tokens = train["length_percentiles"], train["tokens"]
     tests = ", ".join(f"{k} {v:,}" for k, v in stats["test"].items()) or "none"
