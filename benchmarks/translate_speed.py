@@ -21,7 +21,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -258,34 +257,19 @@ def processes(args, job: dict, beam: int, work: Path, lines: list[str]) -> list[
 # ---------------------------------------------------------------------------------------------------------
 # --terminology: glossaries' term-use rate, quality and cost
 
-WORD = re.compile(r"\w{4,}")
-
 
 def words(line: str) -> set[str]:
-    return set(WORD.findall(line.lower()))
+    """The words of 4 letters or more of a line, lower-cased: what the lexicon pairs."""
+    from nmt.data.terms import lexicon_words
 
-
-def lexicon(src: list[str], tgt: list[str], min_count: int = 20, min_dice: float = 0.3) -> dict[str, str]:
-    cs, ct, pair, surface = Counter(), Counter(), Counter(), Counter()
-    for s, t in zip(src, tgt, strict=True):
-        ws, wt = words(s), words(t)
-        cs.update(ws), ct.update(wt), pair.update((a, b) for a in ws for b in wt)
-        surface.update(WORD.findall(t.partition(" ")[2]))  # not the first word: capitalised anyway
-    dice = {(a, b): 2 * n / (cs[a] + ct[b]) for (a, b), n in pair.items() if n >= min_count}
-    out, used = {}, set()
-    for (a, b), d in sorted(dice.items(), key=lambda x: -x[1]):
-        if d >= min_dice and a not in out and b not in used:
-            out[a], used = b, used | {b}
-    written = {}  # each target word as it is most often written (German nouns capitalised)
-    for w, _ in surface.most_common():
-        written.setdefault(w.lower(), w)
-    return {a: written.get(b, b) for a, b in out.items()}
+    return lexicon_words(line)
 
 
 def terminology(args: argparse.Namespace, argv: list[str] | None) -> None:
     import torch
 
     from nmt.checkpoint import load_model
+    from nmt.data.terms import lexicon
     from nmt.translate import Translator
     from nmt.translate.align import Aligner
     from nmt.translate.terminology import Glossary, Terminology, entry
@@ -296,7 +280,7 @@ def terminology(args: argparse.Namespace, argv: list[str] | None) -> None:
     def read(name: str) -> list[str]:
         return gzip.open(mirror / name, "rt", encoding="utf-8").read().rstrip("\n").split("\n")
 
-    lex = lexicon(read("train.en.gz"), read("train.de.gz"))
+    lex = lexicon(zip(read("train.en.gz"), read("train.de.gz"), strict=True))
     src, ref = read("test_2016_flickr.en.gz"), read("test_2016_flickr.de.gz")
     src, ref = (src[: args.lines], ref[: args.lines]) if args.lines else (src, ref)
     model, sub, cfg = load_model(args.model[0])
@@ -314,17 +298,20 @@ def terminology(args: argparse.Namespace, argv: list[str] | None) -> None:
 
     sources = plain.encode(src).sources
 
-    def constraints(chosen: dict[int, tuple[str, str]]) -> dict:
-        """Each chosen line under a glossary of its own term."""
-        out = {}
+    def constraints(chosen: dict[int, tuple[str, str]]) -> tuple[dict, dict]:
+        """Each chosen line under a glossary of its own term, and the lines' sources (with the terms
+        inline where the model was trained for them: nmt.data.terms)."""
+        out, lines = {}, dict(sources)
         for i, (a, b) in chosen.items():
-            out |= plain.terminology.apply({i: src[i]}, Glossary([entry(a, b, f"line {i + 1}")]))
-        return out
+            glossary = Glossary([entry(a, b, f"line {i + 1}")])
+            out |= plain.terminology.apply({i: src[i]}, glossary, sources=lines)
+        return out, lines
 
-    def run(cons: dict) -> list[str]:
-        return [h[0][0] for h in plain.search_sources(len(src), sources, constraints=cons or None)]
+    def run(cons: tuple[dict, dict]) -> list[str]:
+        found, lines = cons
+        return [h[0][0] for h in plain.search_sources(len(src), lines, constraints=found or None)]
 
-    base, out = run({}), run(constraints(terms))
+    base, out = run(({}, sources)), run(constraints(terms))
     rows, keep = sorted(terms), [i for i in range(len(src)) if i not in terms]
 
     def used(i: int, hyp: str) -> tuple[int, int]:
@@ -352,7 +339,14 @@ def terminology(args: argparse.Namespace, argv: list[str] | None) -> None:
     unknown = {
         i: (a, others[(others.index(b) + len(others) // 2) % len(others)]) for i, (a, b) in own.items()
     }
-    aligner, ends, placed = Aligner(model, sub), terminology.ends, {}
+
+    # In place of the model's own word: of the lines whose translation without a glossary has the
+    # lexicon's word for the term's source word, those whose translation under `unknown` has the term
+    # and no longer that word ("Ein Mann fährt Velo.", not "Ein Mann fährt Fahrrad Velo.").
+    def has(word: str, hyp: str) -> bool:
+        return word.lower() in words(hyp)
+
+    aligner, ends, placed, replaced = Aligner(model, sub), terminology.ends, {}, {}
     for rule in (True, False):  # with the search's sentence-end rule (the default) and without it
         terminology.ends = ends if rule else None
         ref_out = out if rule else run(constraints(terms))
@@ -362,6 +356,11 @@ def terminology(args: argparse.Namespace, argv: list[str] | None) -> None:
         placed[f"another entry's term{said}"] = [
             placement(aligner, src[i], strange[i], *unknown[i]) for i in sorted(unknown)
         ]
+        own_word = [i for i in sorted(unknown) if has(own[i][1], base[i])]
+        replaced[f"another entry's term in place of the model's word{said}"] = (
+            f"{sum(has(unknown[i][1], strange[i]) and not has(own[i][1], strange[i]) for i in own_word)}"
+            f" of {len(own_word)}"
+        )
     terminology.ends = ends
 
     quality = [
@@ -376,6 +375,7 @@ def terminology(args: argparse.Namespace, argv: list[str] | None) -> None:
             (f"{name}: placed / appended / elsewhere / unaligned", shares(found))
             for name, found in placed.items()
         ),
+        *replaced.items(),
     ]
     every, speed = {**own, **terms}, []
     for share in (0.0, 0.1, 1.0):
@@ -385,7 +385,7 @@ def terminology(args: argparse.Namespace, argv: list[str] | None) -> None:
             start = time.perf_counter()
             run(cons)
             times.append(time.perf_counter() - start)
-        speed.append((f"{share:.0%} ({len(cons)} lines)", len(src) / statistics.median(times)))
+        speed.append((f"{share:.0%} ({len(cons[0])} lines)", len(src) / statistics.median(times)))
     speed = [(name, f"{rate:.1f}", f"{rate / speed[0][1]:.2f}x") for name, rate in speed]
     head = f"{common.now()}, {common.machine_name('cpu')}, {args.threads} threads"
     text = "\n".join(

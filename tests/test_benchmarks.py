@@ -208,25 +208,8 @@ def test_terminology_placement_tells_a_term_in_place_from_one_appended():
     )
 
 
-def test_terminology_lexicon_pairs_the_words_that_occur_together(capsys):
+def test_terminology_needs_a_model(capsys):
     translate = importlib.import_module("translate_speed")
-    pairs = [
-        ("small puppy", "kleine Welpe"),
-        ("small horse", "kleine Pferd"),
-        ("black puppy", "schwarze Welpe"),
-    ]
-    src, tgt = [s for s, _ in pairs] * 25, [t for _, t in pairs] * 25
-    # Dice 1 for each true pair, 2/3 or 1/2 for the others; targets as written after a line's first word
-    assert translate.lexicon(src, tgt) == {
-        "small": "kleine",
-        "puppy": "Welpe",
-        "horse": "Pferd",
-        "black": "schwarze",
-    }
-    assert translate.lexicon(src[:57], tgt[:57]) == {
-        "small": "kleine",
-        "puppy": "Welpe",
-    }  # 19 horses, 19 blacks
     with pytest.raises(SystemExit) as stop:
         translate.main(["--terminology"])
     assert stop.value.code == 2 and "--terminology needs --model" in capsys.readouterr().err

@@ -163,7 +163,7 @@ class Service:
 
         try:
             extra = glossary_of(glossary) if glossary is not None else None
-            return terminology.apply({i: lines[i] for i in sources}, extra)
+            return terminology.apply({i: lines[i] for i in sources}, extra, sources=sources)
         except NmtError as e:
             raise HTTPError(422, str(e)) from None
 

@@ -174,7 +174,7 @@ class LineTranslator:
                 forced[i] = ids[: self.max_source]
         terms = None
         if self.terminology is not None and self.terminology.active:
-            terms = self.terminology.apply({i: lines[i] for i in sources})
+            terms = self.terminology.apply({i: lines[i] for i in sources}, sources=sources)
         results = self.search_sources(len(lines), sources, forced, constraints=terms, on_batch=on_batch)
         return results if cases is None else self.cased_back(results, [how for _, how in cases])
 

@@ -36,12 +36,13 @@ from typing import NamedTuple
 import torch
 
 from nmt.config import Engine
+from nmt.data.terms import inline_ids
 from nmt.errors import NmtError
-from nmt.subword import Subword
+from nmt.languages import TERM_CLOSE, TERM_OPEN, tag_language
+from nmt.subword import WORD_START, Subword
 from nmt.tokens import UNK
 from nmt.translate.constraints import Constraint, Terms
-
-WORD_START = "\u2581"  # SentencePiece's word-start marker
+from nmt.translate.frontend import CONTROL_TO_SPACE
 
 
 class Entry(NamedTuple):  # a tuple: a frozen dataclass's __init__ took a tenth of reading 100,000 entries
@@ -173,6 +174,10 @@ class Glossary:
     def matches(self, line: str) -> list[tuple[Entry, int]]:
         """(entry, character offset in `line` after NFC) of each match, left to right, none overlapping;
         more than MAX_TERMS is an error."""
+        return [(e, start) for e, start, _ in self.spans(line)]
+
+    def spans(self, line: str) -> list[tuple[Entry, int, int]]:
+        """(entry, start, end) of each match in `line` after NFC, as `matches`."""
         if not len(self):
             return []
         text = unicodedata.normalize("NFC", line)
@@ -187,7 +192,7 @@ class Glossary:
             # a term that begins or ends with a non-word character matches only apart from a word
             if best is not None and self.apart(found, at, best[0]):
                 n, e = best
-                out.append((e, found[at][2]))
+                out.append((e, found[at][2], found[at + n - 1][3]))
                 at += n
             else:
                 at += 1
@@ -323,6 +328,10 @@ class Terminology:
         self.glue = torch.tensor([p[:1].isalnum() for p in pieces], dtype=torch.bool)
         # pieces that end a sentence: the last of them in a translation waits for its terms
         self.ends = torch.tensor([sentence_end(p) for p in pieces], dtype=torch.bool)
+        # a model trained with inline terms (nmt.data.terms) is told each line's terms in its source too
+        tags = subword.tags
+        self.inline = TERM_OPEN in tags and TERM_CLOSE in tags
+        self.target_tags = {i for tag, i in tags.items() if tag_language(tag) is not None}
         self.check(self.glossary)
 
     def check(self, glossary: Glossary | None) -> None:
@@ -367,15 +376,18 @@ class Terminology:
             return [bare, *ids[1:]]
         return None
 
-    def constraints(self, line: str, extra: Glossary | None = None) -> list[Constraint]:
-        """The constraints of one line: each matched entry, as often as it matched."""
-        glossary = self.glossary.merged(extra)
-        found = glossary.matches(line)
+    def constraints(
+        self, line: str, extra: Glossary | None = None, found: list[tuple[Entry, int, int]] | None = None
+    ) -> list[Constraint]:
+        """The constraints of one line: each matched entry (`found`, where matched already), as often as it
+        matched."""
+        if found is None:
+            found = self.glossary.merged(extra).spans(line)
         start = len(line) - len(line.lstrip(" \"'([¿¡"))
         # one constraint per target, placed as often as it matched: two constraints sharing a way of writing
         # would both be placed by one occurrence
         counts: dict[str, tuple[int, bool, Entry]] = {}
-        for e, offset in found:
+        for e, offset, _ in found:
             n, first, _ = counts.get(e.target, (0, False, e))
             counts[e.target] = (n + 1, first or offset == start, e)
         return self.checked(
@@ -413,22 +425,50 @@ class Terminology:
         return Terms(sentences, [list(p) for p in self.avoid], self.glue, self.ends)
 
     def apply(
-        self, lines: dict[int, str], extra: Glossary | None = None, kept: dict[int, list[str]] | None = None
+        self,
+        lines: dict[int, str],
+        extra: Glossary | None = None,
+        kept: dict[int, list[str]] | None = None,
+        sources: dict[int, list[int]] | None = None,
     ) -> dict[int, list[Constraint]]:
         """The constraints of the lines that have any (every line where there is an avoid list: it applies to
-        all of them), by line index. `extra`: a request's own glossary; `kept`: spans each line must copy."""
+        all of them), by line index. `extra`: a request's own glossary; `kept`: spans each line must copy.
+
+        `sources`: the lines' subword ids as encoded. Where the model was trained with inline terms
+        (nmt.data.terms: its vocabulary has <term>), each line with glossary matches has them rewritten
+        with every term written after its source word, so the model places the term there; the
+        constraints still guarantee it."""
         self.check(extra)
+        glossary = self.glossary.merged(extra)
         out = {}
         for i, line in lines.items():
             spans = kept.get(i) if kept else None
+            masked = line
             for span in spans or ():  # a kept span is copied, not matched against the glossary
-                line = line.replace(span, " " * len(span))
-            found = self.constraints(line, extra)
+                masked = masked.replace(span, " " * len(span))
+            matched = glossary.spans(masked)
+            found = self.constraints(masked, found=matched)
+            if matched and self.inline and sources is not None and i in sources:
+                sources[i] = self.inline_source(line, masked, sources[i], matched)
             if spans:
                 found = found + self.copies(spans)
             if found or self.avoid:
                 out[i] = found
         return out
+
+    def inline_source(
+        self, line: str, masked: str, ids: list[int], matched: list[tuple[Entry, int, int]]
+    ) -> list[int]:
+        """The line's ids (`ids`, as encoded) with its matched terms inline (nmt.data.terms.inline_ids),
+        after the line's target tag where it has one, cut to the model's source length as `ids` were.
+        `matched`: the spans found in `masked`, the line with its kept spans blanked."""
+        text = unicodedata.normalize("NFC", line.translate(CONTROL_TO_SPACE))
+        if len(text) != len(unicodedata.normalize("NFC", masked)):  # a kept span NFC shortened: no offsets
+            return ids
+        head = ids[:1] if ids and ids[0] in self.target_tags else []
+        return (head + inline_ids(self.subword, text, [(end, e.target) for e, _, end in matched]))[
+            : self.max_output
+        ]
 
     @property
     def active(self) -> bool:
