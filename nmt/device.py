@@ -49,8 +49,8 @@ def cpu_bf16_native() -> bool:
 
     Not oneDNN's `_is_mkldnn_bf16_supported`, which is true on any AVX-512 CPU (Skylake-SP, Cascade
     Lake, Ice Lake: it converts bf16 with AVX512BW and multiplies in fp32): there the Multi30k recipe
-    trained at 789-841 target tokens/s in bf16 autocast against 2,540-2,880 in fp32 (a Xeon with
-    avx512bw and avx512_vnni, no avx512_bf16; benchmarks/RESULTS.md, "bf16 on AVX-512 without BF16").
+    trained at 815 target tokens/s in bf16 autocast against 2,800 in fp32 (medians; a Xeon with avx512bw
+    and avx512_vnni, no avx512_bf16: benchmarks/RESULTS.md, "bf16 autocast on an AVX-512 CPU without BF16").
     """
     return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
 
@@ -60,7 +60,7 @@ def resolve_dtype(precision: Precision, device: torch.device, cpu_bf16: bool = T
 
     On a GPU that is any bf16-capable CUDA device; on a CPU it takes AVX512-BF16 or AMX
     (cpu_bf16_native): there bf16 matmuls run several times faster than fp32, while elsewhere they are
-    converted or emulated and slower (3.3x on AVX-512 without BF16, hundreds of times on AVX2).
+    converted or emulated and slower (3.4x on AVX-512 without BF16, hundreds of times on AVX2).
     `cpu_bf16=False` keeps the CPU at fp32 (translation: see inference_dtype).
     """
     if precision is Precision.AUTO:

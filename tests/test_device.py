@@ -12,7 +12,7 @@ from nmt.device import inference_choice, inference_dtype, resolve_dtype
     [(False, False, torch.float32), (True, False, torch.bfloat16), (False, True, torch.bfloat16)],
 )
 def test_auto_trains_in_bf16_only_where_the_cpu_multiplies_it_natively(monkeypatch, avx512_bf16, amx, chosen):
-    """An AVX-512 CPU without BF16 (oneDNN calls bf16 supported there: it converts, and trained 3.3x
+    """An AVX-512 CPU without BF16 (oneDNN calls bf16 supported there: it converts, and trained 3.4x
     slower than fp32) stays at fp32; AVX512-BF16 or AMX takes bf16. Translation keeps fp32 on any CPU."""
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)

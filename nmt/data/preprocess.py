@@ -212,13 +212,13 @@ def binarize(data: DataConfig, out: Path, text_info: dict, console: Console | No
     def kept_pairs(progress: Progress) -> Iterator[tuple[list[int], list[int]]]:
         dropped["too_many_subwords"] = 0
         for direction in data.directions:
-            annotator = None
+            text, annotator = clean_text(out, data, direction), None
             if data.augment.inline_terms > 0:  # a lexicon of each direction's own cleaned pairs
-                lex = lexicon(read_pairs(*clean_text(out, data, direction)))
                 first = sum(a.seen for a in annotators)
-                annotator = Annotator(sub, lex, data.augment, first, limit=data.max_subwords - 2)
+                annotator = Annotator(
+                    sub, lexicon(read_pairs(*text)), data.augment, first, data.max_subwords - 2
+                )
                 annotators.append(annotator)
-            text = clean_text(out, data, direction)
             pairs = _encoded(sub, *text, progress, _tag(data, direction), annotator)
             for spec in (c for c in data.train if data.direction(c) == direction):
                 group = {"corpus": corpus_key(data, spec), "pairs": 0, "weight": spec.weight}

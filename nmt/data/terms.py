@@ -102,9 +102,9 @@ def annotate(
         return None
     rng = random.Random(seed)
     chosen = rng.sample(found, min(MAX_TERMS, len(found)))
-    # Each chosen word's target where the target side first writes it, found in the target as given: a
-    # replacement must not be taken for another word's target.
-    # (the lexicon pairs distinct words with distinct targets, so no two of these overlap)
+    # Each chosen word's target where the target side first writes it, all found in the target as given,
+    # so a replacement is never taken for another word's target; the lexicon pairs distinct words with
+    # distinct targets, so no two of these overlap.
     places = sorted(((_word(lex[w]).search(tgt), w) for w in chosen), key=lambda p: p[0].start())
     terms, other, out, at = [], 0, [], 0
     for found_at, w in places:
