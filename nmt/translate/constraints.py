@@ -78,6 +78,7 @@ class Terms:
     avoid: list[list[int]]
     glue: Tensor | None = None
     ends: Tensor | None = None  # (V,) bool: the tokens that end a sentence (".", "!", "?")
+    word_ends: Tensor | None = None  # (V,) bool: the tokens that end in a letter or digit
 
 
 def beam_needed(sentences: list[list[Constraint]]) -> int:
@@ -99,7 +100,7 @@ def constraint_tokens(constraints: list[Constraint]) -> list[int]:
 def renumbered(
     constraints: list[list[Constraint]], avoid: list[list[int]], masks: list[Tensor | None], numbering: Tensor
 ) -> tuple[list[list[Constraint]], list[list[int]], list[Tensor | None]]:
-    """The constraints, avoided phrases and token masks (V,) bool (the glue, the sentence ends) of a search
+    """The constraints, avoided phrases and token masks (V,) bool (glue, sentence and word ends) of a search
     over a part of the vocabulary whose token i is vocabulary id numbering[i] (U,): a shortlist's union
     (nmt.shortlist). Every constraint token is in the part (the engine adds constraint_tokens to each
     sentence's set); a phrase with a token outside it can never be produced, so it needs no ban."""
@@ -167,16 +168,26 @@ def next_tokens(pos: Tensor, paths: Tensor) -> Tensor:
 
 
 def advance(
-    pos: Tensor, placed: Tensor, tokens: Tensor, paths: Tensor, path_len: Tensor, owner: Tensor
+    pos: Tensor,
+    placed: Tensor,
+    tokens: Tensor,
+    paths: Tensor,
+    path_len: Tensor,
+    owner: Tensor,
+    no_start: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The progress after emitting `tokens`: (..., P), (..., C+1), (...,) with paths (..., P, L),
     path_len and owner (..., P) -> new pos and placed.
 
-    A token that continues a path moves it on; any other starts it over (at 1 if the token begins it). A
-    complete path places its constraint once, and every path of that constraint starts over.
+    A token that continues a path moves it on; any other starts it over (at 1 if the token begins it,
+    unless `no_start` (..., P) says the path may not begin here). A complete path places its constraint
+    once, and every path of that constraint starts over.
     """
     w = tokens[..., None]  # (..., 1)
-    pos = torch.where(next_tokens(pos, paths) == w, pos + 1, (paths[..., 0] == w).long())  # (..., P)
+    moves, begins = next_tokens(pos, paths) == w, paths[..., 0] == w  # (..., P)
+    if no_start is not None:
+        moves, begins = moves & ~(no_start & (pos == 0)), begins & ~no_start
+    pos = torch.where(moves, pos + 1, begins.long())  # (..., P)
     complete = (pos == path_len) & (path_len > 0)  # (..., P)
     hit = torch.zeros_like(placed).scatter_add_(-1, owner, complete.long()) > 0  # (..., C+1)
     placed = placed + hit.long()
@@ -292,6 +303,7 @@ def constrained_beam_search(
     glue: Tensor | None = None,
     ends: Tensor | None = None,
     source_ends: Tensor | None = None,
+    word_ends: Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     """Beam search (nmt.translate.search.beam_search) whose hypotheses must place each sentence's
     `constraints` and never produce an `avoid` phrase -> the `nbest` best of each sentence, best first,
@@ -301,6 +313,9 @@ def constrained_beam_search(
     right after a term so that a term ends a word ("Balkon", not "Balkonenen"); None: no such rule.
     ends: (V,) bool, the tokens that end a sentence, and source_ends (B,) how many each source has: the
     translation's last sentence end waits for its terms (forbid_early_end); None: no such rule.
+    word_ends: (V,) bool, the tokens that end in a letter or digit: with `glue`, a term written without its
+    word-start marker (a form for after a hyphen or a quote) does not begin right after one, so a term is
+    never glued to the word before it ("auf einemVelo"); None: no such rule.
 
     src: (B, S) right-padded ids ending in EOS; prefix (B, P) forced first tokens or None. Rows of the
     state are sentence-major, as beam search's (nmt.translate.search.Beams).
@@ -322,6 +337,9 @@ def constrained_beam_search(
     pos = torch.zeros(rows_of, n_paths, dtype=torch.long, device=dev)  # (rows, P) progress along each path
     placed = torch.zeros(rows_of, cons.need.shape[1], dtype=torch.long, device=dev)  # (rows, C+1)
     ended = torch.zeros(rows_of, dtype=torch.bool, device=dev)  # (rows,) the last token completed a term
+    bare = None  # (rows, P): the paths that begin without a word-start marker
+    if glue is not None and word_ends is not None:
+        bare = (glue[cons.paths[..., 0]] & (cons.path_len > 0)).repeat_interleave(beams.width, 0)
     if ends is not None:  # (rows,) each: the sentence ends written so far, and the source's
         stops = torch.zeros(rows_of, dtype=torch.long, device=dev)
         limit = source_ends.repeat_interleave(beams.width, 0)
@@ -335,6 +353,10 @@ def constrained_beam_search(
         history = beams.seqs[:, :t]
         lprobs = block_phrases(block_repeated_ngrams(lprobs, history, no_repeat_ngram), history, blocked)
         ahead = next_tokens(pos, per_row[0])  # (rows, P): the token that continues each path
+        no_start = None
+        if bare is not None:  # after a word's last piece a bare path neither begins nor is offered
+            no_start = bare & word_ends[beams.last][:, None]  # (rows, P)
+            ahead = ahead.masked_fill(no_start & (pos == 0), PAD)
         if ends is not None:
             lprobs = forbid_early_end(lprobs, ends, stops, limit, ahead, placed, per_row[3])
         lprobs = forbid_unplaced(force_prefix(lprobs, beams.row_prefix, t), pos, placed, *per_row)
@@ -365,6 +387,7 @@ def constrained_beam_search(
             cons.paths[:, None].expand(-1, m, -1, -1),
             cons.path_len[:, None].expand(-1, m, -1),
             cons.owner[:, None].expand(-1, m, -1),
+            no_start[parent].view(b, m, -1) if no_start is not None else None,
         )  # (B, M, P), (B, M, C+1)
         kept = allocate(cand_scores, banks(cand_pos, cand_placed, cons), 2 * k, int(cons.total.max()))
         cand_scores, flat = cand_scores.gather(1, kept), flat.gather(1, kept)  # (B, 2K)
@@ -384,6 +407,7 @@ def constrained_beam_search(
         if beams.widen():  # after step 0: the K beams copy their sentence's row, no reordering
             state, rows = model.expand_beams(state, k), None
             per_row = [x.repeat_interleave(k, 0) for x in per_row]
+            bare = bare.repeat_interleave(k, 0) if bare is not None else None
             limit = limit.repeat_interleave(k, 0) if ends is not None else None
         # 6. finished sentences are recorded (the live bound uses the best live score: not the first)
         beams.record(beams.done(t, lenpen, nbest, beams.scores.max(1, keepdim=True).values))
@@ -399,5 +423,6 @@ def constrained_beam_search(
         if ends is not None:
             stops, limit = stops[keep_rows], limit[keep_rows]
         cons, per_row = cons.select(keep), [x[keep_rows] for x in per_row]
+        bare = bare[keep_rows] if bare is not None else None
         state = model.select_rows(state, rows[keep_rows] if rows is not None else keep_rows)
     return beams.hypotheses(nbest)

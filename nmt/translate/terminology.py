@@ -328,6 +328,8 @@ class Terminology:
         self.glue = torch.tensor([p[:1].isalnum() for p in pieces], dtype=torch.bool)
         # pieces that end a sentence: the last of them in a translation waits for its terms
         self.ends = torch.tensor([sentence_end(p) for p in pieces], dtype=torch.bool)
+        # pieces that end in a letter or digit: a term's form without the word-start marker never follows one
+        self.word_ends = torch.tensor([p[-1:].isalnum() for p in pieces], dtype=torch.bool)
         # a model trained with inline terms (nmt.data.terms) is told each line's terms in its source too
         tags = subword.tags
         self.inline = TERM_OPEN in tags and TERM_CLOSE in tags
@@ -422,7 +424,7 @@ class Terminology:
     def batch(self, sentences: list[list[Constraint]]) -> Terms:
         """What a batch's search obeys (TorchEngine.search's `constraints`): its sentences' constraints, the
         avoid list and the glue."""
-        return Terms(sentences, [list(p) for p in self.avoid], self.glue, self.ends)
+        return Terms(sentences, [list(p) for p in self.avoid], self.glue, self.ends, self.word_ends)
 
     def apply(
         self,

@@ -119,16 +119,17 @@ class TorchEngine:
         width = max(d.beam, beam_needed(terms.sentences))
 
         def search(decoder, src: Tensor, prefix: Tensor | None, numbering: Tensor | None):
-            constraints, avoid, masks = terms.sentences, terms.avoid, [terms.glue, terms.ends]
+            constraints, avoid = terms.sentences, terms.avoid
+            masks = [terms.glue, terms.ends, terms.word_ends]
             # the sources' sentence ends, counted in the whole vocabulary (a shortlist renumbers the output's)
             counts = terms.ends.to(src.device)[src].sum(1) if terms.ends is not None else None
             if numbering is not None:  # a shortlist's union: the terms in its numbering
                 constraints, avoid, masks = renumbered(constraints, avoid, masks, numbering)
-            glue, ends = (m.to(src.device) if m is not None else None for m in masks)
+            glue, ends, word_ends = (m.to(src.device) if m is not None else None for m in masks)
             return constrained_beam_search(
                 decoder, src, constraints, width, d.lenpen, d.max_len_a, d.max_len_b, n,
                 min_len=d.min_len, no_repeat_ngram=d.no_repeat_ngram_size, prefix=prefix,
-                avoid=avoid, glue=glue, ends=ends, source_ends=counts,
+                avoid=avoid, glue=glue, ends=ends, source_ends=counts, word_ends=word_ends,
             )  # fmt: skip
 
         found = self.run(search, ids, prefixes, [constraint_tokens(c) for c in terms.sentences])
