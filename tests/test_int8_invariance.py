@@ -174,4 +174,14 @@ def test_the_front_end_translates_a_sentence_the_same_alone_and_among_longer_one
     every = [*others, *probes]
     together = translator.search_sources(len(every), dict(enumerate(every)))
     for i, found in enumerate(alone):
-        assert together[len(others) + i] == found, i
+        got = together[len(others) + i]
+        if dtype == "int8" or got == found:
+            assert got == found, i
+            continue
+        # fp32 on a CPU whose kernels round a row by the batch it is in: on an Intel Xeon with AVX-512 (no
+        # BF16) the scores moved by 4e-7 to 1.3e-6 relative, whatever ISA the kernels were held to, on the
+        # code of every landing so far; the texts, which are what a user reads, may not move at all. 1e-5:
+        # twelve steps, each a log-softmax and products of 64-256 terms rounded at 6e-8.
+        assert [t for t, _ in got] == [t for t, _ in found], i
+        for (_, a), (_, b) in zip(got, found, strict=True):
+            assert abs(a - b) <= 1e-5 * abs(b), (i, a, b)
