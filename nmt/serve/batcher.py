@@ -50,12 +50,17 @@ class Job:
 
 
 def settle(job: Job, metrics: Metrics) -> None:
-    """Answer a job, unless its handler gave up on it (deadline) a moment before."""
-    try:
-        job.future.set_result(job.results)
-    except InvalidStateError:
+    """Answer a job, unless its handler gave up on it (deadline) a moment before.
+
+    The metrics count the answer before it is given: a client that reads /metrics as soon as it has its
+    answer finds it counted."""
+    if job.future.done():
         return
     metrics.characters.inc(sum(len(hyps[0][0]) for hyps in job.results))
+    try:
+        job.future.set_result(job.results)
+    except InvalidStateError:  # given up on in the instant between the two lines: counted all the same
+        pass
 
 
 class Batcher:
@@ -175,6 +180,7 @@ class Batcher:
                     continue
                 nbest = job.nbest
                 job.pieces.popleft()
+                self.queued -= size  # no longer waiting: counted out before any answer can leave
                 if job.served == 0:
                     self.metrics.queue_seconds.observe(now - job.submitted)
                 job.served += 1
@@ -184,6 +190,7 @@ class Batcher:
                 lines, longest = lines + size, max(longest, top)
                 if cost >= self.budget:
                     break
+            self.metrics.set_queue(self.queued, self)
             self.active = [job for job, _ in batch]
             return batch
 
@@ -224,9 +231,6 @@ class Batcher:
                     with self.cond:
                         self.drop(job, e)
         self.metrics.observe_batch(lines, time.monotonic() - start)
-        with self.cond:
-            self.queued -= lines
-            self.metrics.set_queue(self.queued, self)
 
     def translate(self, batch: list[tuple[Job, list[int]]]) -> None:
         pairs = [(job, i) for job, piece in batch for i in piece if not job.done()]
