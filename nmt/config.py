@@ -140,6 +140,9 @@ class BacktranslateConfig:
     # Also train the recipe without the synthetic corpus (bitext only, the same minutes and vocabulary),
     # and show it beside the forward model in results.md: the ablation that says what the corpus gave.
     baseline: bool = False
+    # Also train the forward model on the same synthetic pairs without <BT> (the same vocabulary, minutes
+    # and start), and show tagged against untagged in results.md: what the tag gave (Caswell et al.).
+    compare_untagged: bool = False
 
 
 @dataclass(frozen=True)
@@ -668,6 +671,11 @@ def _check(cfg: Config, source: str, corpora: bool = True) -> None:
             bt.reverse_minutes is None or bt.reverse_minutes > 0,
             "data.backtranslate.reverse_minutes",
             "must be positive",
+        )
+        need(
+            bt.tag or not bt.compare_untagged,
+            "data.backtranslate.compare_untagged",
+            "compares tagged with untagged pairs: it needs tag: true",
         )
         need(
             not data.multilingual,

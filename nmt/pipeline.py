@@ -78,16 +78,28 @@ def run_pipeline(
                 cfg, data=dataclasses.replace(cfg.data, init_from=start, backtranslate=None)
             )
         base = run_steps(bitext, workdir / "bitext", mirror, console, subword=bitext_subword)
-        results["bitext_only"] = {
-            "workdir": str(workdir / "bitext"),
-            "training": base["training"],
-            "tests": {
-                name: {m: e[m]["score"] for m in ("bleu", "chrf")} for name, e in base["tests"].items()
-            },
-        }
+        results["bitext_only"] = compared(base, workdir / "bitext")
+    if bt.compare_untagged:
+        console.rule("[bold]untagged: the same synthetic pairs without <BT>")
+        corpora = tuple(
+            dataclasses.replace(c, tag=False) if c.name == bt.name else c for c in forward.data.train
+        )
+        untagged = dataclasses.replace(forward, data=dataclasses.replace(forward.data, train=corpora))
+        other = run_steps(untagged, workdir / "untagged", mirror, console, subword=subword)
+        results["untagged"] = compared(other, workdir / "untagged")
+    if bt.baseline or bt.compare_untagged:
         write_results(workdir, results)
         show_results(results, console)
     return results
+
+
+def compared(results: dict, workdir: Path) -> dict:
+    """What results.json keeps of a run the forward model is compared with: its training and scores."""
+    return {
+        "workdir": str(workdir),
+        "training": results["training"],
+        "tests": {name: {m: e[m]["score"] for m in ("bleu", "chrf")} for name, e in results["tests"].items()},
+    }
 
 
 def backtranslated(
@@ -350,7 +362,8 @@ def write_results(workdir: Path, results: dict) -> None:
 
 def backtranslation_lines(results: dict) -> list[str]:
     """results.md's account of a back-translation recipe: the synthetic corpus, and the forward model
-    against the recipe without it where that was trained (data.backtranslate.baseline)."""
+    against the recipe without it (data.backtranslate.baseline) and against the same pairs untagged
+    (data.backtranslate.compare_untagged) where those were trained."""
     bt = results.get("backtranslation")
     if bt is None:
         return []
@@ -368,23 +381,44 @@ def backtranslation_lines(results: dict) -> list[str]:
     base = results.get("bitext_only")
     if base is None:
         lines += ["", "The recipe without them (bitext only) was not trained: data.backtranslate.baseline."]
-        return lines
-    t = base["training"]
-    lines += [
+    else:
+        t = base["training"]
+        lines += comparison_lines(
+            results,
+            base,
+            f"Against the same recipe without the synthetic corpus (bitext only, the same vocabulary, "
+            f"budget{' and starting weights' if bt.get('warm_start') else ''}; {t.get('updates')} updates in "
+            f"{t.get('minutes')} min, `{base['workdir']}`):",
+            "bitext only",
+        )
+    untagged = results.get("untagged")
+    if untagged is not None:
+        t = untagged["training"]
+        lines += comparison_lines(
+            results,
+            untagged,
+            f"Against the same synthetic pairs without `{BT_TAG}` (the same vocabulary, budget and start; "
+            f"{t.get('updates')} updates in {t.get('minutes')} min, `{untagged['workdir']}`):",
+            "untagged",
+        )
+    return lines
+
+
+def comparison_lines(results: dict, other: dict, intro: str, name: str) -> list[str]:
+    """The forward model's scores beside another run's, a row per test set."""
+    lines = [
         "",
-        f"Against the same recipe without the synthetic corpus (bitext only, the same vocabulary, "
-        f"budget{' and starting weights' if bt.get('warm_start') else ''}; {t.get('updates')} updates in "
-        f"{t.get('minutes')} min, `{base['workdir']}`):",
+        intro,
         "",
-        "| test set | with back-translation: BLEU / chrF | bitext only: BLEU / chrF | BLEU difference |",
+        f"| test set | with back-translation: BLEU / chrF | {name}: BLEU / chrF | BLEU difference |",
         "| --- | --- | --- | --- |",
     ]
-    for name, e in results["tests"].items():
-        b = base["tests"].get(name)
+    for test, e in results["tests"].items():
+        b = other["tests"].get(test)
         if b is None:
             continue
         lines.append(
-            f"| {name} | {e['bleu']['score']} / {e['chrf']['score']} | {b['bleu']} / {b['chrf']} | "
+            f"| {test} | {e['bleu']['score']} / {e['chrf']['score']} | {b['bleu']} / {b['chrf']} | "
             f"{e['bleu']['score'] - b['bleu']:+.2f} |"
         )
     return lines

@@ -330,3 +330,61 @@ def test_warm_start_begins_the_forward_and_bitext_models_at_the_reverse_models_w
         assert started == str(reverse_model), model
         assert first_loss(work / model) < first_loss(cold / model) - 0.2, model
     assert "started from the reverse model's weights" in (work / "results.md").read_text()
+
+
+@pytest.mark.slow  # three small trainings, then the third again, killed
+def test_compare_untagged_trains_the_same_pairs_without_bt_and_shows_both(
+    setup, tmp_path, monkeypatch, one_torch_thread
+):
+    """Tagged against untagged (Caswell et al.): the same synthetic pairs, vocabulary, start and minutes,
+    only the <BT> before each synthetic source gone; results.md shows both; a kill resumes."""
+    cfg, raw, mirror = setup
+    bt = dataclasses.replace(cfg.data.backtranslate, baseline=False, compare_untagged=True, warm_start=True)
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, backtranslate=bt))
+    work = tmp_path / "whole"
+    results = run_pipeline(cfg, work, mirror=mirror, console=QUIET)
+
+    spm = (work / "bitext" / "data" / "spm.model").read_bytes()
+    bt_id = Subword(spm).tags[BT_TAG]
+    tagged, untagged = (
+        ParallelData(work / "data" / "train"),
+        ParallelData(work / "untagged" / "data" / "train"),
+    )
+    real = json.loads((work / "untagged" / "data" / "stats.json").read_text())["groups"][0]["pairs"]
+    assert real < len(untagged) == len(tagged)
+    for i in range(len(tagged)):
+        src = tagged.src(i).tolist()
+        assert untagged.src(i).tolist() == (src[1:] if i >= real else src), i
+        assert (src[0] == bt_id) == (i >= real) and bt_id not in untagged.src(i).tolist()
+        assert torch.equal(untagged.tgt(i), tagged.tgt(i))
+    model = load_checkpoint(work / "untagged" / "checkpoints" / "average.pt")
+    assert model.subword_proto == spm
+    assert model.config.data.init_from == results["backtranslation"]["warm_start"] is not None
+    md = (work / "results.md").read_text()
+    assert f"without `{BT_TAG}`" in md and "| untagged: BLEU / chrF |" in md
+    assert results["untagged"]["tests"].keys() == results["tests"].keys()
+    assert "bitext_only" not in results
+
+    resumed = tmp_path / "resumed"
+    with monkeypatch.context() as m:
+        kill_after(
+            m,
+            nmt.train.loop,
+            "save_training_checkpoint",
+            lambda ckpt_dir, *a, **k: str(ckpt_dir).startswith(str(resumed / "untagged")),
+        )
+        with pytest.raises(Killed):
+            run_pipeline(cfg, resumed, mirror=mirror, console=QUIET)
+    again = run_pipeline(cfg, resumed, mirror=mirror, console=QUIET)
+    averaged = [
+        torch.load(w / "untagged" / "checkpoints" / "average.pt", weights_only=True)["model"]
+        for w in (work, resumed)
+    ]
+    assert same_weights(*averaged)
+    assert again["untagged"]["tests"] == results["untagged"]["tests"]
+
+    # The comparison needs tagged pairs to compare: one line naming the key
+    bad = json.loads(json.dumps(raw))
+    bad["data"]["backtranslate"].update(tag=False, compare_untagged=True)
+    with pytest.raises(ConfigError, match=r"data\.backtranslate\.compare_untagged: .*needs tag: true"):
+        config_from_dict(bad, "r.yaml")
