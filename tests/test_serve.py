@@ -546,7 +546,8 @@ def test_a_failing_batch_is_retried_one_by_one_so_only_the_faulty_request_fails(
 
 def test_an_answer_leaves_with_its_lines_already_out_of_the_queue_gauge():
     """A client that reads /metrics as soon as it has its answer must find the queue without its lines and
-    the answer counted: the worker took them off after answering, and a busy machine showed them waiting."""
+    the answer and its batch counted: the worker took them off after answering, and a busy machine showed
+    them waiting."""
     t = FakeTranslator()
     b = batcher(t, batch_wait_ms=50)
     seen = []
@@ -556,11 +557,17 @@ def test_an_answer_leaves_with_its_lines_already_out_of_the_queue_gauge():
             job = b.submit({0: [1, 2], 1: [3]}, 2, 1, far)
             # Runs in the worker, at the instant the answer is given.
             job.future.add_done_callback(
-                lambda _: seen.append((b.metrics.queue._value.get(), b.metrics.characters._value.get()))
+                lambda _: seen.append(
+                    (
+                        b.metrics.queue._value.get(),
+                        b.metrics.characters._value.get(),
+                        b.metrics.batches._sum.get(),  # lines in the batches observed
+                    )
+                )
             )
             assert b.metrics.queue._value.get() == 2
         assert job.future.result(10) == [[("2 1", -1.0)], [("3", -1.0)]]
-        assert seen == [(0, len("2 1") + len("3"))]
+        assert seen == [(0, len("2 1") + len("3"), 2)]
     finally:
         b.close(5)
 

@@ -221,21 +221,27 @@ class Batcher:
         lines = sum(len(piece) for _, piece in batch)
         start = time.monotonic()
         try:
-            self.translate(batch)
+            finished = self.translate(batch)
         except Exception:  # one bad request must not fail its batch-mates: retry each alone
+            finished = []
             for job, piece in batch:
                 try:
-                    self.translate([(job, piece)])
+                    finished += self.translate([(job, piece)])
                 except Exception as e:
                     self.console.print(f"[red]a request failed:[/] {type(e).__name__}: {e}", highlight=False)
                     with self.cond:
                         self.drop(job, e)
+        # Counted before the answers leave: a client that reads /metrics on its answer finds its batch.
         self.metrics.observe_batch(lines, time.monotonic() - start)
+        for job in finished:
+            settle(job, self.metrics)
 
-    def translate(self, batch: list[tuple[Job, list[int]]]) -> None:
+    def translate(self, batch: list[tuple[Job, list[int]]]) -> list[Job]:
+        """Translate a batch's pieces into their jobs' results: the jobs it completes (their last piece)."""
+        finished = [job for job, _ in batch if not job.pieces]  # the earlier pieces were done before
         pairs = [(job, i) for job, piece in batch for i in piece if not job.done()]
         if not pairs:
-            return
+            return finished
         nbest = batch[0][0].nbest  # alternatives: the same search, keeping more of the beam
         sources = {k: job.sources[i] for k, (job, i) in enumerate(pairs)}
         terms = {k: job.constraints[i] for k, (job, i) in enumerate(pairs) if i in (job.constraints or {})}
@@ -243,9 +249,7 @@ class Batcher:
         results = self.translator.search_sources(len(pairs), sources, nbest=nbest, **given)
         for (job, i), hyps in zip(pairs, results, strict=True):
             job.results[i] = hyps
-        for job, _ in batch:
-            if not job.pieces:  # its last piece: the earlier ones were done before
-                settle(job, self.metrics)
+        return finished
 
     def stop(self) -> None:
         """Take no more batches: every request still waiting, those of the batch being translated
