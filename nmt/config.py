@@ -195,6 +195,11 @@ class DataConfig:
     def targets(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(t for _, t in self.directions))
 
+    @property
+    def languages(self) -> tuple[str, ...]:
+        """Every language the model reads or writes: the ones its outputs can wrongly be in."""
+        return tuple(dict.fromkeys(lang for pair in self.directions for lang in pair))
+
     def target_tag(self, target: str) -> str | None:
         """The tag the sources into `target` begin with: None for a model of one target, which has none."""
         return target_tag(target) if len(self.targets) > 1 else None

@@ -291,15 +291,19 @@ def _comparison_table(comparisons: dict[str, Comparison], width: int) -> Table:
     return table
 
 
-def language_share(lines: list[str], lang: str) -> float | None:
+def language_share(lines: list[str], lang: str, among: Sequence[str] = ()) -> float | None:
     """The share of non-blank `lines` that py3langid puts in `lang` (any ISO 639 code): 1 minus the
-    off-target rate of a multilingual model's outputs. Short lines are misjudged too, so compare it with
+    off-target rate of a multilingual model's outputs. `among`: the languages it may choose from (a
+    model's sources and targets, where it can go off target), else all 97 of its model, where short
+    Czech captions are often called Slovak or Croatian. Short lines are misjudged too, so compare it with
     the references' own share. None where py3langid (the serve extra) is not installed."""
     try:
         import py3langid.langid as langid
     except ImportError:
         return None
     identifier = langid.LanguageIdentifier.from_model_file(langid.MODEL_FILE)
+    if among:
+        identifier.set_languages(sorted({short(code) for code in [*among, lang]}))
     want = short(lang)
     texts = [line for line in lines if line.strip()]
     if not texts:

@@ -357,3 +357,28 @@ def test_a_glossary_and_a_shortlist_serve_each_direction(trained, task, tmp_path
                         src[i],
                         hyps[i],
                     )
+
+
+def test_results_show_each_directions_share_among_its_languages_and_among_all(tmp_path):
+    from nmt.pipeline import write_results
+
+    def entry(direction: str, ours: float, every: float) -> dict:
+        score = {"score": 30.0, "signature": "nrefs:1"}
+        shares = {"in_language": {"output": ours, "reference": 1.0}}
+        shares["in_any_language"] = {"output": every, "reference": 0.99}
+        speed = {"sentences_per_s": 9}
+        return {"bleu": score, "chrf": score, "direction": direction, "speed": speed, **shares}
+
+    results = {
+        "recipe": "en-de en-cs",
+        "model": "m.pt",
+        "training": {},
+        "device": {"type": "cpu", "count": 1},
+        "decode": {"beam": 4, "lenpen": 0.6, "max_len": "1.2 * source + 10"},
+        "tests": {"t en-de": entry("en-de", 1.0, 1.0), "t en-cs": entry("en-cs", 0.995, 0.982)},
+    }
+    write_results(tmp_path, results)
+    md = (tmp_path / "results.md").read_text()
+    assert "| t | en-cs | 30.0 | 30.0 | 99.5% / 100.0% | 98.2% / 99.0% | 9 |" in md
+    written = json.loads((tmp_path / "results.json").read_text())["tests"]["t en-cs"]
+    assert written["in_any_language"]["output"] == 0.982

@@ -231,3 +231,17 @@ def test_error_is_one_line_with_exit_status_2(files, tmp_path):
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert proc.stderr.strip().splitlines() == [f"error: no such file: {missing}"]
+
+
+def test_the_off_target_share_chooses_among_the_models_languages():
+    """Czech captions that py3langid, choosing among all 97 languages, calls Slovak (three references of
+    test_2016_flickr.cs) count as Czech among a model's languages; a line left in English or written in
+    German still counts against it."""
+    pytest.importorskip("py3langid")
+    from nmt.score import language_share
+
+    czech = ["Auto zaparkované na pláži.", "Muž a chlapec na skalnaté pláži.", "Černý chlapec sedí v písku."]
+    wrong = ["A man and a boy on a rocky beach.", "Ein Mann und ein Junge an einem felsigen Strand."]
+    assert language_share(czech, "cs") < 1  # the neighbours: why a model's own languages are the choice
+    assert language_share(czech + wrong + ["  "], "ces", among=("en", "de", "fr", "cs")) == 3 / 5
+    assert language_share(czech, "cs", among=("en", "de")) == 1  # the target is always a choice
