@@ -346,12 +346,19 @@ def terminology(args: argparse.Namespace, argv: list[str] | None) -> None:
     def has(word: str, hyp: str) -> bool:
         return word.lower() in words(hyp)
 
-    aligner, ends, placed, replaced = Aligner(model, sub), terminology.ends, {}, {}
-    for rule in (True, False):  # with the search's sentence-end rule (the default) and without it
+    aligner, ends, placed, replaced, scored = Aligner(model, sub), terminology.ends, {}, {}, {}
+    decode = plain.engine.decode
+    # the defaults; without decode.terms_replace (the model's own word for a term's source not banned);
+    # without the search's sentence-end rule
+    for said, replace, rule in (
+        ("", True, True),
+        (", no replace", False, True),
+        (", no end rule", True, False),
+    ):
         terminology.ends = ends if rule else None
-        ref_out = out if rule else run(constraints(terms))
+        plain.engine.decode = dataclasses.replace(decode, terms_replace=replace)
+        ref_out = out if not said else run(constraints(terms))
         strange = run(constraints(unknown))
-        said = "" if rule else ", no end rule"
         placed[f"reference's term{said}"] = [placement(aligner, src[i], ref_out[i], *terms[i]) for i in rows]
         placed[f"another entry's term{said}"] = [
             placement(aligner, src[i], strange[i], *unknown[i]) for i in sorted(unknown)
@@ -361,7 +368,9 @@ def terminology(args: argparse.Namespace, argv: list[str] | None) -> None:
             f"{sum(has(unknown[i][1], strange[i]) and not has(own[i][1], strange[i]) for i in own_word)}"
             f" of {len(own_word)}"
         )
-    terminology.ends = ends
+        if said:
+            scored[f"BLEU / chrF constrained{said}"] = score([ref_out[i] for i in rows])
+    terminology.ends, plain.engine.decode = ends, decode
 
     quality = [
         ("lines with a term", f"{len(rows)} of {len(src)} ({len(lex)} lexicon entries)"),
@@ -370,6 +379,7 @@ def terminology(args: argparse.Namespace, argv: list[str] | None) -> None:
         ("duplicated terms", str(sum(got > want for got, want in counts))),
         ("BLEU / chrF unconstrained", score([base[i] for i in rows])),
         ("BLEU / chrF constrained", score([out[i] for i in rows])),
+        *scored.items(),
         ("other lines byte-identical", f"{sum(out[i] == base[i] for i in keep)} of {len(keep)}"),
         *(
             (f"{name}: placed / appended / elsewhere / unaligned", shares(found))

@@ -290,6 +290,15 @@ ShortlistOpt = Annotated[
     ),
 ]
 
+TermsReplaceOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--terms-replace/--no-terms-replace",
+        help="A glossary term takes the place of the model's own word for its source (that word, read "
+        "from its translation without terms, is banned). Default: the checkpoint's decode.terms_replace.",
+    ),
+]
+
 RecaseOpt = Annotated[
     bool | None,
     typer.Option(
@@ -593,6 +602,7 @@ def translate(
     engine: EngineOpt = Engine.TORCH,
     shortlist: ShortlistOpt = None,
     recase: RecaseOpt = None,
+    terms_replace: TermsReplaceOpt = None,
     split_sentences: Annotated[
         bool | None,
         typer.Option(
@@ -660,6 +670,7 @@ def translate(
         seed=seed,
         shortlist=shortlist,
         recase=recase,
+        terms_replace=terms_replace,
     )
     translate_stream(
         model,
@@ -755,6 +766,7 @@ def serve(
     engine: EngineOpt = Engine.TORCH,
     shortlist: ShortlistOpt = None,
     recase: RecaseOpt = None,
+    terms_replace: TermsReplaceOpt = None,
 ) -> None:
     """Serve models over HTTP: LibreTranslate's /translate, /detect and /languages, OpenNMT-py's route,
     a page to try them at /, and Prometheus metrics at /metrics.
@@ -792,6 +804,7 @@ def serve(
         batch_tokens=max_batch_tokens if old_max_batch_tokens is None else old_max_batch_tokens,
         shortlist=shortlist,
         recase=recase,
+        terms_replace=terms_replace,
     )
     run_serve(model, settings, overrides, device, dtype, err, engine, glossary=glossary)
 

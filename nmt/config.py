@@ -309,6 +309,10 @@ class DecodeConfig:
     seed: int = 1  # the same seed, input and settings give the same samples
     shortlist: bool = False  # decode each sentence over the checkpoint's lexical shortlist (nmt.shortlist)
     recase: bool = False  # lines in ALL CAPS or Title Case translated in sentence case (nmt.translate.casing)
+    # A glossary term takes the place of the model's own word for its source: the word the translation
+    # without terms aligns to it is banned from the search (nmt.translate.displace); false: the term is
+    # only required, and may stand beside that word ("Ein Mann fährt Fahrrad Velo.").
+    terms_replace: bool = True
 
 
 @dataclass(frozen=True)

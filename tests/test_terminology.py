@@ -154,6 +154,28 @@ def test_a_term_is_written_with_and_without_its_word_start_and_capitalised_first
     assert set(lowercase.decode([list(a) for a in only.alternatives])) == {"honey bee"}
 
 
+def test_each_term_knows_the_source_subwords_of_the_words_it_matched(tmp_path):
+    """Constraint.source: the positions in the line's ids of the words each term matched (what
+    nmt.translate.displace aligns); none where the subwords do not follow the line's words."""
+    lines = sentences(400, 2)
+    sub = train_sentencepiece(lines + ["a honeybee sting."], tmp_path / "spm", 90)
+    terms = Terminology(sub, 64, glossary(("bee", "honey bee"), ("sting", "stich")))
+    line = "a bee, a bee sting."
+    (ids,) = sub.encode([line])
+    bee, sting = terms.apply({0: line}, sources={0: ids})[0]
+    pieces = sub.pieces()
+    words = "".join(pieces[i] for i in ids).replace("\u2581", " ").split()
+    assert words == line.split()
+
+    def covered(source: tuple[int, ...]) -> str:
+        return "".join(pieces[ids[p]] for p in source).replace("\u2581", " ").strip()
+
+    assert bee.count == 2 and covered(bee.source) == "bee, bee"
+    assert covered(sting.source) == "sting."
+    assert all(c.source == () for c in terms.apply({0: line})[0])  # without the ids
+    assert all(c.source == () for c in terms.apply({0: line}, sources={0: ids[:3]})[0])  # cut short
+
+
 def test_impossible_requests_name_the_entry(loaded):
     _, sub, _ = loaded
     long = " ".join(["zqxj"] * 40)
@@ -259,13 +281,15 @@ def test_the_ctranslate2_engine_and_sampling_refuse_a_glossary_in_one_line(loade
 
 @pytest.mark.numerics
 @pytest.mark.parametrize("beam", [1, 4])
-def test_a_term_is_placed_and_the_rest_of_the_line_survives_at_any_beam(synthetic_run, beam):
+@pytest.mark.parametrize("replace", [True, False])
+def test_a_term_is_placed_and_the_rest_of_the_line_survives_at_any_beam(synthetic_run, beam, replace):
     """Dynamic beam allocation keeps a row per bank (constraint tokens met): at beam 1 the only row left
-    was the one furthest along the term, which put it first and dropped the words before it."""
+    was the one furthest along the term, which put it first and dropped the words before it. With
+    decode.terms_replace (the default) the term takes the place of the model's own word for its source."""
     from nmt.checkpoint import load_model
 
     model, sub, cfg = load_model(synthetic_run / "checkpoints" / "best.pt")
-    decode = dataclasses.replace(cfg.decode, beam=beam)
+    decode = dataclasses.replace(cfg.decode, beam=beam, terms_replace=replace)
     lines = ["a b c d e f", "p o n c l", "c a b d", "b d f h c"]  # "c" once, at the start, inside, at the end
     plain = Translator(model, sub, decode, torch.device("cpu")).translate(lines)
     assert plain == [" ".join(reversed(line.split())) for line in lines]  # the model has learned the task
@@ -274,14 +298,22 @@ def test_a_term_is_placed_and_the_rest_of_the_line_survives_at_any_beam(syntheti
     got = Translator(model, sub, decode, torch.device("cpu"), terminology=terms).translate(lines)
     for line, a, b in zip(lines, plain, got, strict=True):
         assert b.count(target) == 1, (line, b)
-        # The search finds a translation at least as probable, by its own length-normalised score, as each
-        # that keeps every other word of the plain one in its order: the term in place of "c", or put in
-        # anywhere. Which of those the model prefers to the one found is its choice, and differs between
-        # CPUs' rounding ("d b k c" for "c a b d" on one); dropping the words before the term, as the search
-        # did when only the row furthest along it survived, scores far below them.
         words = a.split()
-        keep_all = {" ".join(target if w == "c" else w for w in words)}
-        keep_all |= {" ".join([*words[:k], target, *words[k:]]) for k in range(len(words) + 1)}
+        in_place = " ".join(target if w == "c" else w for w in words)
+        if replace:
+            # "c", the model's own word for the source's "c", is banned: the search finds a translation
+            # without it at least as probable as the term in its place
+            assert "c" not in b.split(), (line, b)
+            keep_all = {in_place}
+        else:
+            # The search finds a translation at least as probable, by its own length-normalised score, as
+            # each that keeps every other word of the plain one in its order: the term in place of "c", or
+            # put in anywhere. Which of those the model prefers to the one found is its choice, and differs
+            # between CPUs' rounding ("d b k c" for "c a b d" on one); dropping the words before the term,
+            # as the search did when only the row furthest along it survived, scores far below them.
+            keep_all = {in_place} | {
+                " ".join([*words[:k], target, *words[k:]]) for k in range(len(words) + 1)
+            }
         best = max(normalised_score(model, sub, decode.lenpen, line, x) for x in keep_all)
         assert normalised_score(model, sub, decode.lenpen, line, b) >= best - 1e-4, (line, a, b)
 

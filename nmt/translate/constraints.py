@@ -57,7 +57,10 @@ class Constraint:
     """A term a translation must contain `count` times, as any one of its `alternatives` (token ids)."""
 
     alternatives: tuple[tuple[int, ...], ...]
-    count: int = 1
+    count: int = 1  # 0: a phrase banned from the translation (nmt.translate.displace)
+    # the positions, in its line's source ids, of the words it translates (nmt.translate.displace); ()
+    # where unknown or none (a kept span's copy, an avoid list)
+    source: tuple[int, ...] = ()
 
     @property
     def shortest(self) -> int:
@@ -79,6 +82,7 @@ class Terms:
     glue: Tensor | None = None
     ends: Tensor | None = None  # (V,) bool: the tokens that end a sentence (".", "!", "?")
     word_ends: Tensor | None = None  # (V,) bool: the tokens that end in a letter or digit
+    tags: frozenset[int] = frozenset()  # the target tags a source may begin with (nmt.languages)
 
 
 def beam_needed(sentences: list[list[Constraint]]) -> int:

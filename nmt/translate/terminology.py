@@ -28,6 +28,7 @@ from __future__ import annotations
 import gc
 import re
 import unicodedata
+from collections.abc import Callable
 from contextlib import contextmanager
 from functools import cached_property
 from pathlib import Path
@@ -41,6 +42,7 @@ from nmt.errors import NmtError
 from nmt.languages import TERM_CLOSE, TERM_OPEN, tag_language
 from nmt.subword import WORD_START, Subword
 from nmt.tokens import UNK
+from nmt.translate.align import word_starts
 from nmt.translate.constraints import Constraint, Terms
 from nmt.translate.frontend import CONTROL_TO_SPACE
 
@@ -379,22 +381,49 @@ class Terminology:
         return None
 
     def constraints(
-        self, line: str, extra: Glossary | None = None, found: list[tuple[Entry, int, int]] | None = None
+        self,
+        line: str,
+        extra: Glossary | None = None,
+        found: list[tuple[Entry, int, int]] | None = None,
+        locate: Callable[[int, int], tuple[int, ...]] | None = None,
     ) -> list[Constraint]:
         """The constraints of one line: each matched entry (`found`, where matched already), as often as it
-        matched."""
+        matched; `locate` (source_locator) gives each the source positions of its matches."""
         if found is None:
             found = self.glossary.merged(extra).spans(line)
         start = len(line) - len(line.lstrip(" \"'([¿¡"))
         # one constraint per target, placed as often as it matched: two constraints sharing a way of writing
         # would both be placed by one occurrence
-        counts: dict[str, tuple[int, bool, Entry]] = {}
-        for e, offset, _ in found:
-            n, first, _ = counts.get(e.target, (0, False, e))
-            counts[e.target] = (n + 1, first or offset == start, e)
+        counts: dict[str, tuple[int, bool, Entry, tuple[int, ...]]] = {}
+        for e, offset, end in found:
+            n, first, _, at = counts.get(e.target, (0, False, e, ()))
+            at += locate(offset, end) if locate is not None else ()
+            counts[e.target] = (n + 1, first or offset == start, e, at)
         return self.checked(
-            [(Constraint(self.variants(t, first), n), e) for t, (n, first, e) in counts.items()]
+            [(Constraint(self.variants(t, first), n, at), e) for t, (n, first, e, at) in counts.items()]
         )
+
+    def source_locator(
+        self, line: str, masked: str, ids: list[int]
+    ) -> Callable[[int, int], tuple[int, ...]] | None:
+        """A function from a character span of `line` after NFC (as Glossary.spans gives it) to the
+        positions in `ids` (the line as encoded) of the subwords of the words it covers; None where the
+        subwords do not follow the line's whitespace words, or were cut (no position to trust). `masked`:
+        the line with its kept spans blanked, which the spans were found in."""
+        text = unicodedata.normalize("NFC", line.translate(CONTROL_TO_SPACE))
+        if len(text) != len(unicodedata.normalize("NFC", masked)):
+            return None
+        lead = 1 if ids and ids[0] in self.target_tags else 0
+        spans = [m.span() for m in re.finditer(r"\S+", text)]
+        word_of = word_starts([self.pieces[i] for i in ids[lead:]])
+        if not word_of or word_of[-1] + 1 != len(spans):
+            return None
+
+        def locate(start: int, end: int) -> tuple[int, ...]:
+            covered = {k for k, (a, b) in enumerate(spans) if a < end and start < b}
+            return tuple(lead + p for p, w in enumerate(word_of) if w in covered)
+
+        return locate
 
     def copies(self, spans: list[str], where: str = "kept span") -> list[Constraint]:
         """Copy constraints: each span (text kept as it is, such as HTML translate="no") must appear
@@ -424,7 +453,8 @@ class Terminology:
     def batch(self, sentences: list[list[Constraint]]) -> Terms:
         """What a batch's search obeys (TorchEngine.search's `constraints`): its sentences' constraints, the
         avoid list and the glue."""
-        return Terms(sentences, [list(p) for p in self.avoid], self.glue, self.ends, self.word_ends)
+        avoid = [list(p) for p in self.avoid]
+        return Terms(sentences, avoid, self.glue, self.ends, self.word_ends, frozenset(self.target_tags))
 
     def apply(
         self,
@@ -449,7 +479,9 @@ class Terminology:
             for span in spans or ():  # a kept span is copied, not matched against the glossary
                 masked = masked.replace(span, " " * len(span))
             matched = glossary.spans(masked)
-            found = self.constraints(masked, found=matched)
+            ids = sources.get(i) if sources is not None and not self.inline else None
+            locate = self.source_locator(line, masked, ids) if matched and ids else None
+            found = self.constraints(masked, found=matched, locate=locate)
             if matched and self.inline and sources is not None and i in sources:
                 sources[i] = self.inline_source(line, masked, sources[i], matched)
             if spans:

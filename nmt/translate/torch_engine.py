@@ -15,13 +15,16 @@ from torch import Tensor
 
 from nmt.config import DecodeConfig, Engine
 from nmt.tokens import EOS, PAD
+from nmt.translate.align import cross_attention
 from nmt.translate.constraints import (
+    Constraint,
     Terms,
     beam_needed,
     constrained_beam_search,
     constraint_tokens,
     renumbered,
 )
+from nmt.translate.displace import own_words, with_bans, written
 from nmt.translate.search import Hypothesis, Sampler, beam_search, greedy_search
 
 # Sources are padded to a multiple of this many positions (padded_width).
@@ -118,8 +121,8 @@ class TorchEngine:
         d = self.decode
         width = max(d.beam, beam_needed(terms.sentences))
 
-        def search(decoder, src: Tensor, prefix: Tensor | None, numbering: Tensor | None):
-            constraints, avoid = terms.sentences, terms.avoid
+        def search(decoder, src: Tensor, prefix: Tensor | None, numbering: Tensor | None, sentences):
+            constraints, avoid = sentences, terms.avoid
             masks = [terms.glue, terms.ends, terms.word_ends]
             # the sources' sentence ends, counted in the whole vocabulary (a shortlist renumbers the output's)
             counts = terms.ends.to(src.device)[src].sum(1) if terms.ends is not None else None
@@ -132,7 +135,20 @@ class TorchEngine:
                 avoid=avoid, glue=glue, ends=ends, source_ends=counts, word_ends=word_ends,
             )  # fmt: skip
 
-        found = self.run(search, ids, prefixes, [constraint_tokens(c) for c in terms.sentences])
+        def searched(rows: list[int], sentences: list[list[Constraint]]) -> list[list[Hypothesis]]:
+            return self.run(
+                functools.partial(search, sentences=sentences),
+                [ids[i] for i in rows],
+                [prefixes[i] for i in rows] if prefixes else None,
+                [constraint_tokens(c) for c in sentences],
+            )
+
+        everyone = list(range(len(ids)))
+        sentences = terms.sentences
+        replacing = d.terms_replace and prefixes is None and self.aligns(terms)
+        if replacing:  # the model's own words for the terms' sources, in its translation without them
+            sentences = with_bans(sentences, self.own_words(ids, self.run(self.greedy, ids), terms))
+        found = searched(everyone, sentences)
         missing = [i for i, hyps in enumerate(found) if not hyps]
         if missing:
             again = self.search(
@@ -141,6 +157,33 @@ class TorchEngine:
             for i, hyps in zip(missing, again, strict=True):
                 found[i] = hyps
         return found
+
+    def aligns(self, terms: Terms) -> bool:
+        """Whether the model's own words for the terms' sources can be found (nmt.translate.displace):
+        a single model (not an ensemble), a term with its source positions, and the token masks."""
+        known = any(c.source for s in terms.sentences for c in s)
+        masks = terms.glue is not None and terms.word_ends is not None
+        return known and masks and hasattr(self.model, "decoder")
+
+    def own_words(
+        self, ids: list[list[int]], hyps: list[Hypothesis], terms: Terms
+    ) -> list[list[tuple[int, ...]]]:
+        """For the sources `ids`, with translations `hyps` without terms, the words that translate the
+        terms' sources (nmt.translate.displace.own_words), by the model's cross-attention."""
+        bans: list[list[tuple[int, ...]]] = []
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for src, hyp, cons in zip(ids, hyps, terms.sentences, strict=True):
+                if not hyp.tokens or not any(c.source and not written(hyp.tokens, c) for c in cons):
+                    bans.append([])
+                    continue
+                attention = cross_attention(self.model, src, hyp.tokens)
+                lead = int(bool(src) and src[0] in terms.tags)  # a target tag links no word
+                bans.append(own_words(attention, hyp.tokens, cons, terms.glue, terms.word_ends, lead))
+        finally:
+            self.model.train(was_training)
+        return bans
 
     def run(
         self,
