@@ -68,3 +68,12 @@ def test_a_translation_with_the_term_already_bans_nothing():
     att = attention([0, 1, 2, 4, 5, 5])
     assert own_words(att, tokens, [VELO], GLUE, WORD_ENDS) == []
     assert own_words(att, [0, 1, 2, 8, 6], [VELO], GLUE, WORD_ENDS) == [(8,)]  # without the term
+
+
+def test_a_word_that_is_another_term_of_the_line_is_never_banned():
+    """A random model's translation "Velo Velo Velo" for a line with two terms, bike -> Velo and man -> Hund:
+    the word linked to "man" is Velo, the other term, which a ban would leave no room for."""
+    hund = Constraint(((8,),), 1, (1,))  # "man", the source's subword 1
+    att = attention([1, 1, 4])
+    assert own_words(att, [7, 7, 7], [VELO, hund], GLUE, WORD_ENDS) == []
+    assert own_words(att, [7, 7, 7], [hund], GLUE, WORD_ENDS) == [(7,)]  # alone, Velo is just a word

@@ -63,6 +63,9 @@ def own_words(
     links = (attention[:, lead:-1].argmax(1) + lead).tolist()
     bans: list[tuple[int, ...]] = []
     words = [tuple(tokens[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    # every term of the line, any way it is written: a word that is one of them, or part of one, or holds
+    # one, is never banned (a random model's translation may be "k k k" for two terms, one of them "k")
+    every = [alt for c in constraints if c.count > 0 for alt in c.alternatives]
     for c in constraints:
         if not c.source or written(tokens, c):
             continue  # no source to align (a kept span's copy), or the model writes the term by itself
@@ -74,13 +77,16 @@ def own_words(
         def term(w: int, alts: tuple = c.alternatives) -> bool:  # the term, part of it, or a word holding it
             return any(contains(alt, words[w]) or contains(words[w], alt) for alt in alts)
 
+        def any_term(w: int) -> bool:
+            return any(contains(alt, words[w]) or contains(words[w], alt) for alt in every)
+
         # the words of the subwords attending most to each of the term's source subwords; where one is
         # the term, linked both ways, the term is in its place already
         chosen = {word_of[t] for t in attention[:, list(c.source)].argmax(0).tolist()}
         if any(term(w) and linked(w) for w in chosen):
             continue
-        # the words that may be banned: not punctuation, and not the term
-        free = [w for w in range(len(words)) if any(bool(word_ends[x]) for x in words[w]) and not term(w)]
+        # the words that may be banned: not punctuation, and no term of the line
+        free = [w for w in range(len(words)) if any(bool(word_ends[x]) for x in words[w]) and not any_term(w)]
         if not free:
             continue
         rows = [t for w in free for t in range(bounds[w], bounds[w + 1])]

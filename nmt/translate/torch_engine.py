@@ -150,6 +150,11 @@ class TorchEngine:
             sentences = with_bans(sentences, self.own_words(ids, self.run(self.greedy, ids), terms))
         found = searched(everyone, sentences)
         missing = [i for i, hyps in enumerate(found) if not hyps]
+        if replacing and missing:  # the bans may leave a term no room: those lines under their terms alone
+            again = searched(missing, [terms.sentences[i] for i in missing])
+            for i, hyps in zip(missing, again, strict=True):
+                found[i] = hyps
+            missing = [i for i, hyps in enumerate(found) if not hyps]
         if missing:
             again = self.search(
                 [ids[i] for i in missing], [prefixes[i] for i in missing] if prefixes else None, n
