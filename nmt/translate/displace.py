@@ -15,8 +15,9 @@ source there too where the term is not (a synonym: "mit ihrem Rad ... Velo" once
 the reversal model of the tests, the search had put the term first ("k l n o p" for "l c n o p"), the
 word linked to the source was then a word of the line ("n"), and the second search lost it.
 
-A word is not banned where the model wrote the term itself, where the word is part of the term or the term
-part of it (a term "Hunde" for the model's "Hund"), or where it has no letter or digit (punctuation).
+A word is not banned where the model wrote the term itself, where the word is one of the line's terms, part
+of one or holds one (a term "Hunde" for the model's "Hund"), or where it has no letter or digit
+(punctuation). A line whose search finds no translation under its bans is searched under its terms alone.
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ def contains(seq: tuple[int, ...] | list[int], part: tuple[int, ...]) -> bool:
     """Whether `part` occurs in `seq` as a contiguous run."""
     n = len(part)
     return any(tuple(seq[i : i + n]) == part for i in range(len(seq) - n + 1))
+
+
+def overlaps(word: tuple[int, ...], alternatives) -> bool:
+    """Whether `word` is one of the token sequences `alternatives`, part of one, or holds one."""
+    return any(contains(alt, word) or contains(word, alt) for alt in alternatives)
 
 
 def written(tokens: list[int], constraint: Constraint) -> bool:
@@ -74,19 +80,17 @@ def own_words(
         def linked(w: int, source: set[int] = source) -> bool:  # a subword of w attends most to the source
             return any(links[t] in source for t in range(bounds[w], bounds[w + 1]))
 
-        def term(w: int, alts: tuple = c.alternatives) -> bool:  # the term, part of it, or a word holding it
-            return any(contains(alt, words[w]) or contains(words[w], alt) for alt in alts)
-
-        def any_term(w: int) -> bool:
-            return any(contains(alt, words[w]) or contains(words[w], alt) for alt in every)
-
         # the words of the subwords attending most to each of the term's source subwords; where one is
         # the term, linked both ways, the term is in its place already
         chosen = {word_of[t] for t in attention[:, list(c.source)].argmax(0).tolist()}
-        if any(term(w) and linked(w) for w in chosen):
+        if any(overlaps(words[w], c.alternatives) and linked(w) for w in chosen):
             continue
         # the words that may be banned: not punctuation, and no term of the line
-        free = [w for w in range(len(words)) if any(bool(word_ends[x]) for x in words[w]) and not any_term(w)]
+        free = [
+            w
+            for w, word in enumerate(words)
+            if any(bool(word_ends[x]) for x in word) and not overlaps(word, every)
+        ]
         if not free:
             continue
         rows = [t for w in free for t in range(bounds[w], bounds[w + 1])]
