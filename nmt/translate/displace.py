@@ -80,8 +80,8 @@ def own_words(
         def linked(w: int, source: set[int] = source) -> bool:  # a subword of w attends most to the source
             return any(links[t] in source for t in range(bounds[w], bounds[w + 1]))
 
-        # the words of the subwords attending most to each of the term's source subwords; where one is
-        # the term, linked both ways, the term is in its place already
+        # the words of the subwords attending most to each of the term's source subwords; where one of
+        # them holds a form of the term (or is part of one), linked both ways, it is in its place already
         chosen = {word_of[t] for t in attention[:, list(c.source)].argmax(0).tolist()}
         if any(overlaps(words[w], c.alternatives) and linked(w) for w in chosen):
             continue
