@@ -27,7 +27,19 @@ WORD_START = "\u2581"  # SentencePiece's mark of a piece that begins a word
 
 def cross_attention(model, src: list[int], tgt: list[int], layer: int = LAYER) -> Tensor:
     """The attention (T, S) of each target subword over the source subwords + EOS, heads averaged: row j is
-    the attention of the position that predicts tgt[j]."""
+    the attention of the position that predicts tgt[j]. A model in training mode is read in eval mode
+    (no dropout) and left in training mode."""
+    was_training = model.training
+    if was_training:  # eval()/train() walk every submodule: only where needed
+        model.eval()
+    try:
+        return _cross_attention(model, src, tgt, layer)
+    finally:
+        if was_training:
+            model.train()
+
+
+def _cross_attention(model, src: list[int], tgt: list[int], layer: int) -> Tensor:
     layers = model.decoder
     index = layer if -len(layers) <= layer < len(layers) else -1
     index %= len(layers)
@@ -88,12 +100,7 @@ class Aligner:
             or tgt_word[-1] + 1 != len(tgt_words)
         ):
             return None
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            attention = cross_attention(self.model, src, tgt, self.layer)  # (T, S+1)
-        finally:
-            self.model.train(was_training)
+        attention = cross_attention(self.model, src, tgt, self.layer)  # (T, S+1)
         best = attention[:, lead : len(src)].argmax(-1).tolist()  # the tag and the source EOS left out
         out: list[int | None] = [None] * len(tgt_words)
         for j, i in enumerate(best):

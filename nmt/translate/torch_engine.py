@@ -147,7 +147,11 @@ class TorchEngine:
         sentences = terms.sentences
         replacing = d.terms_replace and prefixes is None and self.aligns(terms)
         if replacing:  # the model's own words for the terms' sources, in its translation without them
-            sentences = with_bans(sentences, self.own_words(ids, self.run(self.greedy, ids), terms))
+            rows = [i for i, cons in enumerate(sentences) if any(c.source for c in cons)]
+            plain: list[Hypothesis | None] = [None] * len(ids)
+            for i, hyp in zip(rows, self.run(self.greedy, [ids[i] for i in rows]), strict=True):
+                plain[i] = hyp  # greedy is batch-invariant: the same as over the whole batch
+            sentences = with_bans(sentences, self.own_words(ids, plain, terms))
         found = searched(everyone, sentences)
         missing = [i for i, hyps in enumerate(found) if not hyps]
         if replacing and missing:  # the bans may leave a term no room: those lines under their terms alone
@@ -171,23 +175,20 @@ class TorchEngine:
         return known and masks and hasattr(self.model, "decoder")
 
     def own_words(
-        self, ids: list[list[int]], hyps: list[Hypothesis], terms: Terms
+        self, ids: list[list[int]], hyps: list[Hypothesis | None], terms: Terms
     ) -> list[list[tuple[int, ...]]]:
-        """For the sources `ids`, with translations `hyps` without terms, the words that translate the
-        terms' sources (nmt.translate.displace.own_words), by the model's cross-attention."""
+        """For the sources `ids`, with translations `hyps` without terms (None: not translated, no term
+        with a source), the words that translate the terms' sources (nmt.translate.displace.own_words),
+        by the model's cross-attention."""
         bans: list[list[tuple[int, ...]]] = []
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            for src, hyp, cons in zip(ids, hyps, terms.sentences, strict=True):
-                if not hyp.tokens or not any(c.source and not written(hyp.tokens, c) for c in cons):
-                    bans.append([])
-                    continue
-                attention = cross_attention(self.model, src, hyp.tokens)
-                lead = int(bool(src) and src[0] in terms.tags)  # a target tag links no word
-                bans.append(own_words(attention, hyp.tokens, cons, terms.glue, terms.word_ends, lead))
-        finally:
-            self.model.train(was_training)
+        for src, hyp, cons in zip(ids, hyps, terms.sentences, strict=True):
+            tokens = hyp.tokens if hyp is not None else []
+            if not tokens or not any(c.source and not written(tokens, c) for c in cons):
+                bans.append([])
+                continue
+            attention = cross_attention(self.model, src, tokens)
+            lead = int(bool(src) and src[0] in terms.tags)  # a target tag links no word
+            bans.append(own_words(attention, tokens, cons, terms.glue, terms.word_ends, lead))
         return bans
 
     def run(
