@@ -12,7 +12,15 @@ from torch import nn
 from nmt.config import DecodeConfig, Precision
 from nmt.model import Transformer
 from nmt.translate import Translator, inference_model
-from nmt.translate.int8 import KERNELS, PROBE_ROWS, Int8Linear, kernel, quantize_int8, weight_bits
+from nmt.translate.int8 import (
+    KERNELS,
+    PROBE_ROWS,
+    Int8Linear,
+    _row_integers,
+    kernel,
+    quantize_int8,
+    weight_bits,
+)
 from nmt.translate.search import beam_search, greedy_search
 from nmt.translate.torch_engine import padded_sources, padded_width
 
@@ -71,6 +79,34 @@ def test_an_int8_row_is_the_same_alone_and_among_any_rows(each_kernel):
         for rows in (2, 3, 17, 64, 299, 300):
             for start in (0, 300 - rows):
                 assert torch.equal(int8(x[start : start + rows]), alone[start : start + rows]), (rows, start)
+
+
+@pytest.mark.parametrize("few_rows", [0, 1, 3, 32])
+def test_the_kernel_chosen_by_rows_gives_the_same_bits_on_both_sides_of_its_crossover(monkeypatch, few_rows):
+    """int_mm+onednn multiplies up to `few_rows` rows by torch._int_mm and more by oneDNN, a crossover
+    timed on the CPU at hand: whatever the timing says, a row's output is the same alone, among rows of
+    either kernel, and as a product that runs one kernel only."""
+    by_rows = next((p.values[0][0] for p in runnable() if p.id == "int_mm+onednn"), None)
+    if by_rows is None:
+        pytest.skip("int_mm and oneDNN are not both exact with 8 bits here (no VNNI, or AVX2 forced)")
+    monkeypatch.setattr("nmt.translate.int8.kernel", lambda: (by_rows, 8))
+    monkeypatch.setattr("nmt.translate.int8._few_rows", lambda *shape: few_rows)
+    torch.manual_seed(0)
+    linear = nn.Linear(256, 320)
+    x = torch.randn(300, 256) * torch.logspace(-2, 2, 300)[:, None]
+    with torch.inference_mode():
+        int8 = Int8Linear(linear.weight, linear.bias)
+        alone = torch.cat([int8(x[i : i + 1]) for i in range(len(x))])
+        for rows in (2, 3, 4, 31, 32, 33, 300):
+            for start in (0, 300 - rows):
+                assert torch.equal(int8(x[start : start + rows]), alone[start : start + rows]), (rows, start)
+        q, _ = _row_integers(x)
+        onednn, int_mm = by_rows.probed(int8.product.few.weight_t.t(), int8.product.few.scales)
+        assert torch.equal(onednn.multiply(q), int_mm.multiply(q))
+        # oneDNN's copy of the weights is made once more rows than `few_rows` come, not before
+        fresh = Int8Linear(linear.weight, linear.bias)
+        fresh(x[:1])
+        assert (fresh.product.many is None) == (few_rows >= 1)
 
 
 def test_the_preferred_kernel_is_exact_here_with_seven_or_eight_bits():

@@ -16,6 +16,9 @@ quantized linear as torch's quantization uses it takes one activation scale over
 so it would; below, each call is made to have the same one.
 
 The product: the first of KERNELS that `kernel` finds exact on this CPU, once.
+- torch._int_mm for a few rows and oneDNN's quantized inner product for more (both below; `_ByRows`),
+  where both are exact with 8 bits (VNNI, AMX): their integer sums are exact and their scaling the same
+  code's, so they give the same bits and can split the work by row count, at a crossover timed here.
 - fbgemm's dynamic quantized linear over prepacked weights (torch.ops.quantized.linear_dynamic), given
   each row divided by its own max |x_ri| and two more columns, +1 and -1, against zero weights: every
   call then spans exactly [-1, 1], so the one activation scale fbgemm takes over a call is the same for
@@ -27,10 +30,11 @@ The product: the first of KERNELS that `kernel` finds exact on this CPU, once.
   row on AMX and fell to a reference kernel with AVX-512 VNNI forced.
 - torch._int_mm, which reorders the weights at every call (in torch 2.13 on AVX2, a reference kernel).
 Measured on an Intel Xeon with AMX and on an AVX2 AMD EPYC, 2 threads (benchmarks/RESULTS.md, "int8
-kernels and bf16 on a CPU with AMX"): fbgemm was the fastest for the few rows of a decoder step everywhere
-(the base model's output projection for one row: 0.85 ms against 1.28 for oneDNN and 3.1 for fp32
-prepacked on AMX), and on AVX2 at every row count; oneDNN with AMX was 1.5-3x faster than fbgemm from 64
-rows up.
+kernels and bf16 on a CPU with AMX"): of fbgemm and oneDNN, fbgemm was the fastest for the few rows of a
+decoder step (the base model's output projection for one row: 0.85 ms against 1.28 for oneDNN and 3.1
+for fp32 prepacked on AMX), and on AVX2 at every row count; oneDNN with AMX was 1.5-3x faster than
+fbgemm from 64 rows up. On an Intel Xeon with AVX-512 VNNI (2026-11-27) _int_mm was faster than both for
+one row, and oneDNN than fbgemm from 64 rows up, hence `_ByRows` first.
 
 Bits. The kernels multiply unsigned 8-bit by signed 8-bit numbers. With VNNI (vpdpbusd: AVX-512 VNNI,
 AVX-VNNI, AMX) the products accumulate in int32 directly, so 8 bits are exact. Without it (AVX2,
@@ -46,6 +50,8 @@ between a CPU with VNNI and one without (8 against 7 bits).
 from __future__ import annotations
 
 import functools
+import math
+import time
 import warnings
 
 import torch
@@ -120,13 +126,19 @@ class _RowQuantized(_Kernel):
         for top in (0, len(q) - 3):  # the extremes first and last, so that every row count meets them
             q[top], q[top + 1], q[top + 2, ::2], q[top + 2, 1::2] = 127, -127, 127, -127
         exact = (q.long() @ weight.long().t()).float()
-        product = cls.__new__(cls)
-        product.prepare(weight, torch.ones(len(weight)))
         return all(
             torch.equal(product.multiply(q[rows].contiguous()), exact[rows])
+            for product in cls.probed(weight, torch.ones(len(weight)))
             for m in PROBE_ROWS
             for rows in (slice(0, m), slice(len(q) - m, len(q)))
         )
+
+    @classmethod
+    def probed(cls, weight: Tensor, scales: Tensor) -> list[_RowQuantized]:
+        """Products of this kernel over (out, in) int8 weights that together run every code path it has."""
+        product = cls.__new__(cls)
+        product.prepare(weight, scales)
+        return [product]
 
 
 class _OneDNN(_RowQuantized):
@@ -234,7 +246,101 @@ class _Fbgemm(_Kernel):
         )  # fmt: skip
 
 
-KERNELS = (_Fbgemm, _OneDNN, _IntMM)  # in order of preference
+# The row counts at which `_ByRows` times its two kernels; above the last, oneDNN's kernel runs.
+CALIBRATION_ROWS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def _seconds(multiply, q: Tensor) -> float:
+    """The best of three timings of two calls (after one that builds what a kernel caches per shape)."""
+    multiply(q)
+    best = math.inf
+    for _ in range(3):
+        start = time.perf_counter()
+        multiply(q)
+        multiply(q)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+@functools.cache
+def _few_rows(out_power: int, in_features: int, threads: int) -> int:
+    """Up to how many rows torch._int_mm multiplies faster than oneDNN's prepacked kernel: timed once per
+    input width, output size rounded up to a power of two (2^out_power: a shortlist's union changes size
+    batch to batch) and thread count, at the CALIBRATION_ROWS counts. Their results are the same bits, so
+    the timing's noise can move the speed only, never a translation."""
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randint(-127, 128, (1 << out_power, in_features), generator=gen, dtype=torch.int8)
+    few, many = _IntMM.__new__(_IntMM), _OneDNN.__new__(_OneDNN)
+    for product in few, many:
+        product.prepare(weight, torch.ones(len(weight)))
+    rows = 0
+    for m in CALIBRATION_ROWS:
+        q = torch.randint(-127, 128, (m, in_features), generator=gen, dtype=torch.int8)
+        if _seconds(few.multiply, q) > _seconds(many.multiply, q):
+            break
+        rows = m
+    return rows
+
+
+class _ByRows(_RowQuantized):
+    """torch._int_mm for a few rows, oneDNN's prepacked kernel for more: the same integers, and the same
+    float32 results to the bit whichever multiplies (`exact_with` checks it here), so a row's output still
+    does not depend on its batch.
+
+    Measured on an Intel Xeon with AVX-512 VNNI (no AMX), one thread (benchmarks/RESULTS.md, 2026-11-27):
+    for one row _int_mm took 31-38 us against oneDNN's 73-100 and fbgemm's 45-57 for each of the demo
+    model's decoder maps, 151 against 232 and 189 us for its 8000 x 256 output projection. Over hundreds
+    of rows oneDNN's kernel was the fastest for that projection (256 rows: 4.2 ms against fbgemm's 13.8
+    and _int_mm's 14.8), and _int_mm's time grew the fastest with the rows (a 768 x 256 map over 1,024
+    rows: 4.8 ms against oneDNN's 2.1). Where the crossover lies depends on the CPU, the shape and the
+    threads, so it is timed (`_few_rows`)."""
+
+    name = "int_mm+onednn"
+
+    def prepare(self, weight: Tensor, scales: Tensor, few_rows: int | None = None) -> None:
+        self.few = _IntMM.__new__(_IntMM)
+        self.few.prepare(weight, scales)
+        # oneDNN's copy is made when more rows first come: a shortlist's union, built for every batch, is
+        # multiplied by one sentence's few rows alone, and its prepacking cost more than a whole step
+        self.many: _OneDNN | None = None
+        if few_rows is None:
+            few_rows = _few_rows((len(weight) - 1).bit_length(), weight.shape[1], torch.get_num_threads())
+        self.few_rows = few_rows
+
+    def multiply(self, q: Tensor) -> Tensor:
+        if q.shape[0] <= self.few_rows:
+            return self.few.multiply(q)
+        many = self.many
+        if many is None:  # two threads of `nmt serve` may both build it: the same weights, one kept
+            many = _OneDNN.__new__(_OneDNN)
+            many.prepare(self.few.weight_t.t(), self.few.scales)
+            self.many = many
+        return many.multiply(q)
+
+    @classmethod
+    def probed(cls, weight: Tensor, scales: Tensor) -> list[_RowQuantized]:
+        """One product that multiplies every row count by oneDNN, one that multiplies all by _int_mm."""
+        products = [cls.__new__(cls), cls.__new__(cls)]
+        for product, few_rows in zip(products, (0, max(PROBE_ROWS)), strict=True):
+            product.prepare(weight, scales, few_rows)
+        return products
+
+    @classmethod
+    def exact_with(cls, bits: int) -> bool:
+        """Both kernels exact with `bits`-bit weights (the exact sums), and giving the same float32 output
+        from the same integers under scales other than 1 (the int32 -> float32 conversion and the scaling
+        are each in its own code). Only with 8 bits: without VNNI _int_mm is a reference kernel in torch
+        2.13, and fbgemm was the fastest there at every row count."""
+        if bits != 8 or not super().exact_with(bits):
+            return False
+        gen = torch.Generator().manual_seed(0)
+        weight = torch.randint(-127, 128, (48, 1024), generator=gen, dtype=torch.int8)
+        q = torch.randint(-127, 128, (max(PROBE_ROWS), 1024), generator=gen, dtype=torch.int8)
+        onednn, int_mm = cls.probed(weight, torch.rand(48, generator=gen) / 100)
+        return all(torch.equal(int_mm.multiply(q[:m]), onednn.multiply(q[:m])) for m in PROBE_ROWS)
+
+
+KERNELS = (_ByRows, _Fbgemm, _OneDNN, _IntMM)  # in order of preference
 
 
 @functools.cache
