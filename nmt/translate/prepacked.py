@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -57,6 +58,21 @@ def row_pieces(m: int) -> tuple[tuple[int, int], ...]:
     return tuple(pieces)
 
 
+def in_row_buckets(rows: Tensor, product: Callable[[Tensor], Tensor]) -> Tensor:
+    """`product` of (M, in) rows, called at ROW_BUCKETS counts only (row_pieces): the rows padded with
+    zeros or cut into pieces, the outputs (M, out) as if it had run on all M rows at once. For products
+    whose row results do not depend on the other rows, and whose library builds a kernel per row count."""
+    pieces, start, out = row_pieces(rows.shape[0]), 0, []
+    for m, bucket in pieces:
+        piece = rows[start : start + m]
+        if bucket != m:
+            piece = F.pad(piece, (0, 0, 0, bucket - m))
+        y = product(piece)
+        out.append(y if bucket == m else y[:m])
+        start += m
+    return out[0] if len(out) == 1 else torch.cat(out)
+
+
 def _pack(weight: Tensor) -> Tensor:
     """(out, in) float32 weight -> oneDNN's blocked copy of it (an opaque mkldnn tensor)."""
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)
@@ -76,17 +92,11 @@ class PrepackedLinear(nn.Module):
         self.activation = activation
 
     def forward(self, x: Tensor) -> Tensor:
-        rows = x.reshape(-1, self.in_features)  # (M, in)
-        pieces, start, out = row_pieces(rows.shape[0]), 0, []
-        for m, bucket in pieces:
-            piece = rows[start : start + m]
-            if bucket != m:
-                piece = F.pad(piece, (0, 0, 0, bucket - m))
-            y = torch.ops.mkldnn._linear_pointwise(piece, self.packed, self.bias, self.activation, [], "")
-            out.append(y if bucket == m else y[:m])
-            start += m
-        y = out[0] if len(out) == 1 else torch.cat(out)
+        y = in_row_buckets(x.reshape(-1, self.in_features), self.product)  # (M, out)
         return y.view(*x.shape[:-1], self.out_features)
+
+    def product(self, rows: Tensor) -> Tensor:
+        return torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, self.activation, [], "")
 
     def extra_repr(self) -> str:
         fused = "" if self.activation == "none" else f", {self.activation} fused"
