@@ -103,10 +103,14 @@ def test_the_kernel_chosen_by_rows_gives_the_same_bits_on_both_sides_of_its_cros
         q, _ = _row_integers(x)
         onednn, int_mm = by_rows.probed(int8.product.few.weight_t.t(), int8.product.few.scales)
         assert torch.equal(onednn.multiply(q), int_mm.multiply(q))
-        # oneDNN's copy of the weights is made once more rows than `few_rows` come, not before
-        fresh = Int8Linear(linear.weight, linear.bias)
-        fresh(x[:1])
-        assert (fresh.product.many is None) == (few_rows >= 1)
+        # a model's own product has oneDNN's copy of its weights before workers fork (they share it); one
+        # built for one batch (a shortlist's union) makes it only once more rows than `few_rows` come
+        assert Int8Linear(linear.weight, linear.bias).product.many is not None
+        union = int8.over(linear.weight[:64], linear.bias[:64])
+        assert torch.equal(union(x[:1]), alone[:1, :64])
+        assert (union.product.many is None) == (few_rows >= 1)
+        assert torch.equal(union(x), alone[:, :64])
+        assert union.product.many is not None
 
 
 def test_the_preferred_kernel_is_exact_here_with_seven_or_eight_bits():

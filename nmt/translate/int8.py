@@ -81,6 +81,10 @@ class _Kernel:
     def __call__(self, rows: Tensor) -> Tensor:
         raise NotImplementedError
 
+    def ready(self) -> None:
+        """Build now what would be built at first use: before `nmt translate` forks its workers, so that
+        they share it rather than each building its own."""
+
     @classmethod
     def exact_with(cls, bits: int) -> bool:
         raise NotImplementedError
@@ -305,22 +309,24 @@ class _ByRows(_RowQuantized):
     def prepare(self, weight: Tensor, scales: Tensor, few_rows: int | None = None) -> None:
         self.few = _IntMM.__new__(_IntMM)
         self.few.prepare(weight, scales)
-        # oneDNN's copy is made when more rows first come: a shortlist's union, built for every batch, is
-        # multiplied by one sentence's few rows alone, and its prepacking cost more than a whole step
+        # oneDNN's copy: `ready`, or when more rows first come. A shortlist's union, built for every batch,
+        # is multiplied by one sentence's few rows alone, and prepacking it cost more than a whole step.
         self.many: _OneDNN | None = None
         if few_rows is None:
             few_rows = _few_rows((len(weight) - 1).bit_length(), weight.shape[1], torch.get_num_threads())
         self.few_rows = few_rows
 
-    def multiply(self, q: Tensor) -> Tensor:
-        if q.shape[0] <= self.few_rows:
-            return self.few.multiply(q)
-        many = self.many
-        if many is None:  # two threads of `nmt serve` may both build it: the same weights, one kept
+    def ready(self) -> None:
+        if self.many is None:  # two threads of `nmt serve` may both build it: the same weights, one kept
             many = _OneDNN.__new__(_OneDNN)
             many.prepare(self.few.weight_t.t(), self.few.scales)
             self.many = many
-        return many.multiply(q)
+
+    def multiply(self, q: Tensor) -> Tensor:
+        if q.shape[0] <= self.few_rows:
+            return self.few.multiply(q)
+        self.ready()
+        return self.many.multiply(q)
 
     @classmethod
     def probed(cls, weight: Tensor, scales: Tensor) -> list[_RowQuantized]:
@@ -380,12 +386,19 @@ def weight_bits() -> int:
 class Int8Linear(nn.Module):
     """y = x W^T + b, W in int8 (a scale per output row), x quantized per row: (.., in) -> (.., out)."""
 
-    def __init__(self, weight: Tensor, bias: Tensor | None):
+    def __init__(self, weight: Tensor, bias: Tensor | None, one_batch: bool = False):
         super().__init__()
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
         product, bits = kernel()
         bias = torch.zeros(self.out_features) if bias is None else bias.detach().float().contiguous()
         self.product = product(weight.detach().float(), bias, bits)
+        if not one_batch:  # a model's own products: all built before workers fork
+            self.product.ready()
+
+    def over(self, weight: Tensor, bias: Tensor | None) -> Int8Linear:
+        """The same product over other weights, for one batch (a shortlist's union of output rows): what
+        only its larger row counts need is built if they come."""
+        return Int8Linear(weight, bias, one_batch=True)
 
     def forward(self, x: Tensor) -> Tensor:
         y = self.product(x.reshape(-1, self.in_features))  # (M, out)

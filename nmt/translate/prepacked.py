@@ -98,6 +98,10 @@ class PrepackedLinear(nn.Module):
     def product(self, rows: Tensor) -> Tensor:
         return torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, self.activation, [], "")
 
+    def over(self, weight: Tensor, bias: Tensor | None) -> PrepackedLinear:
+        """The same product over other weights (a shortlist's union of output rows)."""
+        return PrepackedLinear(weight, bias, self.activation)
+
     def extra_repr(self) -> str:
         fused = "" if self.activation == "none" else f", {self.activation} fused"
         return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN prepacked{fused}"

@@ -50,7 +50,7 @@ def output_rows(model, ids: Tensor):
     bias = model.output_bias[ids] if model.output_bias is not None else None
     kernel = model.output_kernel
     if kernel is not None:
-        return type(kernel)(weight, bias)
+        return kernel.over(weight, bias)
     return lambda y: F.linear(y.to(weight.dtype), weight, bias)
 
 
