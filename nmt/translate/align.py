@@ -19,6 +19,7 @@ import math
 import torch
 from torch import Tensor
 
+from nmt.model import evaluating
 from nmt.tokens import BOS, EOS
 
 LAYER = -1  # the last decoder layer: the best aligned on the hand-made markup set (module docstring)
@@ -29,14 +30,8 @@ def cross_attention(model, src: list[int], tgt: list[int], layer: int = LAYER) -
     """The attention (T, S) of each target subword over the source subwords + EOS, heads averaged: row j is
     the attention of the position that predicts tgt[j]. A model in training mode is read in eval mode
     (no dropout) and left in training mode."""
-    was_training = model.training
-    if was_training:  # eval()/train() walk every submodule: only where needed
-        model.eval()
-    try:
+    with evaluating(model):
         return _cross_attention(model, src, tgt, layer)
-    finally:
-        if was_training:
-            model.train()
 
 
 def _cross_attention(model, src: list[int], tgt: list[int], layer: int) -> Tensor:

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from nmt.config import DecodeConfig, Engine
+from nmt.model import evaluating
 from nmt.tokens import EOS, PAD
 from nmt.translate.align import cross_attention
 from nmt.translate.constraints import (
@@ -207,24 +208,16 @@ class TorchEngine:
         the search in the numbering of the batch's union (nmt.translate.shortlist.ShortlistDecoder):
         `prefix` is in it already, and `numbering` (U,) gives the vocabulary id of each of its tokens, for
         what else the search is given in vocabulary ids."""
-        model = self.model
-        was_training = model.training
-        if was_training:  # eval()/train() walk every submodule: ~1 ms a call for one sentence's search
-            model.eval()
-        try:
-            with torch.inference_mode():
-                src = padded_sources(ids, self.device, self.max_positions)
-                prefix = padded_prefixes(prefixes, self.device)
-                if self.shortlist is None:
-                    return search(model, src, prefix, None)
-                from nmt.translate.shortlist import ShortlistDecoder
+        with evaluating(self.model) as model, torch.inference_mode():
+            src = padded_sources(ids, self.device, self.max_positions)
+            prefix = padded_prefixes(prefixes, self.device)
+            if self.shortlist is None:
+                return search(model, src, prefix, None)
+            from nmt.translate.shortlist import ShortlistDecoder
 
-                added = [p for p in (prefix, padded_prefixes(extra, self.device)) if p is not None]
-                decoder = ShortlistDecoder(model, self.shortlist, src, torch.cat(added, 1) if added else None)
-                return decoder.from_union(search(decoder, src, decoder.to_union(prefix), decoder.ids))
-        finally:
-            if was_training:
-                model.train()
+            added = [p for p in (prefix, padded_prefixes(extra, self.device)) if p is not None]
+            decoder = ShortlistDecoder(model, self.shortlist, src, torch.cat(added, 1) if added else None)
+            return decoder.from_union(search(decoder, src, decoder.to_union(prefix), decoder.ids))
 
     def greedy(
         self,
