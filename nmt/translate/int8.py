@@ -279,13 +279,11 @@ def _few_rows(out_power: int, in_features: int, threads: int) -> int:
     the timing's noise can move the speed only, never a translation."""
     gen = torch.Generator().manual_seed(0)
     weight = torch.randint(-127, 128, (1 << out_power, in_features), generator=gen, dtype=torch.int8)
-    few, many = _IntMM.__new__(_IntMM), _OneDNN.__new__(_OneDNN)
-    for product in few, many:
-        product.prepare(weight, torch.ones(len(weight)))
+    onednn, int_mm = _ByRows.probed(weight, torch.ones(len(weight)))
     rows = 0
     for m in CALIBRATION_ROWS:
         q = torch.randint(-127, 128, (m, in_features), generator=gen, dtype=torch.int8)
-        if _seconds(few.multiply, q) > _seconds(many.multiply, q):
+        if _seconds(int_mm.multiply, q) > _seconds(onednn.multiply, q):
             break
         rows = m
     return rows
