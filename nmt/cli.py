@@ -11,7 +11,6 @@ command lines a user can run as written, flush with the text.
 from __future__ import annotations
 
 import errno
-import os
 import re
 import signal
 import sys
@@ -649,7 +648,6 @@ def translate(
     nmt translate -m student.pt -i in.en --beam 1 --dtype int8 --shortlist   # after nmt shortlist
     nmt translate -m model.pt -i in.en -o out.de --workers 1   # one process of all the threads
     """
-    threads_wait_passively()  # before torch loads its OpenMP runtime
     from nmt.config import DecodeOverrides
     from nmt.translate import translate_stream
 
@@ -787,10 +785,13 @@ def serve(
     curl -s localhost:5000/translate -H 'Content-Type: application/json' \\
       -d '{"q": "A dog runs.", "glossary": [{"source": "dog", "target": "Hund"}]}'
     """
-    threads_wait_passively()  # before torch loads its OpenMP runtime
+    import torch
+
     from nmt.config import DecodeOverrides
     from nmt.serve import serve as run_serve
+    from nmt.translate.threads import serving_threads
 
+    torch.set_num_threads(serving_threads())  # a core left to the server's own threads
     settings = ServeSettings(
         host=host, port=port, batch_wait_ms=batch_wait_ms, max_chars=max_chars, max_queue=max_queue,
         timeout=timeout, read_timeout=read_timeout, keep_alive=keep_alive, max_connections=max_connections,
@@ -1125,22 +1126,6 @@ def backtranslate(
         inputs=tuple(inputs),
     )
     run_backtranslate(opts, console=err)
-
-
-def threads_wait_passively(environ: dict | None = None) -> None:
-    """Decoding's OpenMP threads sleep between parallel regions instead of spinning (OMP_WAIT_POLICY=
-    PASSIVE), unless the user chose (OMP_WAIT_POLICY or GOMP_SPINCOUNT set). Read when torch loads
-    OpenMP, so set before torch is imported; a no-op in a process that has it already.
-
-    A decoder step is hundreds of small parallel regions. On a 2-core AVX2 EPYC with another process
-    spinning on one core, 200 lines in one process of 2 threads took 14.8-15.8 s with libgomp's default
-    spinning, 9.4-10.5 s passive, 8.7-8.9 s in 1 thread; idle, 6.5-7.2 s against 8.0-8.3 s passive
-    (benchmarks/RESULTS.md, "Threads on a shared machine"). The default of `nmt translate` on files, one
-    process of one thread per core, has no thread team and is unaffected; `--workers 1` and `nmt serve`
-    run one process of several threads, which shared machines must not stall."""
-    env = os.environ if environ is None else environ
-    if "OMP_WAIT_POLICY" not in env and "GOMP_SPINCOUNT" not in env:
-        env["OMP_WAIT_POLICY"] = "PASSIVE"
 
 
 def main() -> None:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import parse_qs
 
+import torch
 from rich.console import Console
 
 from nmt.config import DecodeOverrides, Engine, Precision
@@ -24,6 +25,7 @@ from nmt.serve.metrics import Metrics
 from nmt.serve.page import page_html
 from nmt.serve.pairs import Model, Pairs
 from nmt.serve.settings import ACCEPTED, HTTPError, ServeSettings
+from nmt.translate.threads import serving_words
 
 ROUTES = ("/", "/translate", "/detect", "/languages", "/frontend/settings", "/health", "/metrics")
 ROUTES += ("/translator/translate",)
@@ -475,9 +477,12 @@ def serve(
         languages = f"{', '.join(m.sources)} -> {', '.join(m.targets)}"
         # one line for one model, as it always was; several: a line each, the address on the first
         where = f"on {address} " if k == 0 else "and "
+        about = b.describe()
+        if b.engine is Engine.TORCH and b.device.type == "cpu":
+            about += f", {serving_words(torch.get_num_threads())}"
         console.print(
             f"serving {path} ({languages}) {where}"
-            f"{b.describe()}, beam {decode.beam}, batches of up to {decode.batch_tokens} subwords x beam "
+            f"{about}, beam {decode.beam}, batches of up to {decode.batch_tokens} subwords x beam "
             f"within {settings.batch_wait_ms:g} ms"
             + (", ALL CAPS and Title Case recased (--no-recase: as typed)" if decode.recase else ""),
             highlight=False,

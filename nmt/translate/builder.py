@@ -24,6 +24,7 @@ from nmt.languages import same, short, target_tag
 from nmt.subword import Subword
 from nmt.translate.frontend import LineTranslator, Translator
 from nmt.translate.terminology import build_terminology
+from nmt.translate.threads import threads_words
 from nmt.translate.workers import WorkerPlan
 
 
@@ -56,11 +57,15 @@ class BuiltTranslator:
     def subword(self) -> Subword:
         return self.translator.subword
 
-    def describe(self) -> str:
+    def describe(self, threads: int | None = None) -> str:
         """For a log line, e.g. `device cpu, float32 (decoder products prepacked for oneDNN), the default on
-        a CPU without native bf16 (AVX-512 BF16 or AMX)`."""
+        a CPU without native bf16 (AVX-512 BF16 or AMX)`; with `threads` (one process searching on the
+        CPU in several threads), how its batches share them out (nmt.translate.threads)."""
         engine = "" if self.engine is Engine.TORCH else "CTranslate2 "
-        return f"device {self.device}, {engine}{self.precision}" + (f", {self.why}" if self.why else "")
+        text = f"device {self.device}, {engine}{self.precision}" + (f", {self.why}" if self.why else "")
+        if threads is not None and threads > 1 and self.engine is Engine.TORCH and self.device.type == "cpu":
+            text += f", {threads_words(threads)}"
+        return text
 
 
 def build_translator(

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+import torch
 from rich.console import Console
 
 from nmt.atomic import STDIN, refuse_inputs
@@ -203,7 +204,8 @@ def translate_stream(
         seconds = time.perf_counter() - start
         rate = f"{done / max(seconds, 1e-9):.1f} lines/s"
         done_in = f"translated {done} lines in {seconds:.1f} s ({rate})"
-        console.print(f"{done_in}; {built.describe()}", highlight=False)
+        threads = torch.get_num_threads() if plan.workers <= 1 else None  # one process searched
+        console.print(f"{done_in}; {built.describe(threads)}", highlight=False)
 
 
 def cut_paragraphs(lines: list[str], first_line: int, console: Console) -> list[str]:

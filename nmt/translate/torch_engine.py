@@ -6,6 +6,7 @@ beam search otherwise, and drawing with a sampler when `decode.sampling` is on (
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -27,6 +28,7 @@ from nmt.translate.constraints import (
 )
 from nmt.translate.displace import own_words, with_bans, written
 from nmt.translate.search import Hypothesis, Sampler, beam_search, greedy_search
+from nmt.translate.threads import SearchThreads
 
 # Sources are padded to a multiple of this many positions (padded_width).
 PAD_MULTIPLE = 8
@@ -77,6 +79,8 @@ class TorchEngine:
         self.model, self.decode, self.device = model, decode, torch.device(device)
         self.shortlist = shortlist  # nmt.shortlist.Shortlist: each sentence decodes over its own set
         self.max_positions = model.max_positions
+        # on the CPU, each batch's search on as many threads as pay (nmt.translate.threads)
+        self.threads = SearchThreads() if self.device.type == "cpu" else None
         self.generator = None
         if decode.sampling:  # one stream for the whole run: the same seed gives the same output
             self.generator = torch.Generator(self.device).manual_seed(decode.seed)
@@ -109,7 +113,7 @@ class TorchEngine:
                 min_len=d.min_len, no_repeat_ngram=d.no_repeat_ngram_size, prefix=prefix,
             )  # fmt: skip
 
-        return self.run(beam, ids, prefixes)
+        return self.run(beam, ids, prefixes, width=d.beam)
 
     def constrained(
         self, ids: list[list[int]], prefixes: list[list[int]] | None, n: int, terms: Terms
@@ -142,6 +146,7 @@ class TorchEngine:
                 [ids[i] for i in rows],
                 [prefixes[i] for i in rows] if prefixes else None,
                 [constraint_tokens(c) for c in sentences],
+                width=width,
             )
 
         everyone = list(range(len(ids)))
@@ -198,9 +203,11 @@ class TorchEngine:
         ids: list[list[int]],
         prefixes: list[list[int]] | None = None,
         extra: list[list[int]] | None = None,
+        width: int = 1,
     ) -> list:
         """`search(decoder, src, prefix, numbering)` over the sources `ids` and their forced `prefixes`,
-        padded (padded_sources, padded_prefixes), in eval mode (then restored) and inference mode; its
+        padded (padded_sources, padded_prefixes), in eval mode (then restored) and inference mode, on the
+        CPU on the threads its rows (`width` a sentence: the beam) pay for (nmt.translate.threads); its
         hypotheses come back in vocabulary ids.
 
         Without a shortlist the decoder is the model, `numbering` None. With one, each sentence decodes
@@ -208,7 +215,8 @@ class TorchEngine:
         the search in the numbering of the batch's union (nmt.translate.shortlist.ShortlistDecoder):
         `prefix` is in it already, and `numbering` (U,) gives the vocabulary id of each of its tokens, for
         what else the search is given in vocabulary ids."""
-        with evaluating(self.model) as model, torch.inference_mode():
+        threads = self.threads.batch(len(ids) * width) if self.threads else contextlib.nullcontext()
+        with threads, evaluating(self.model) as model, torch.inference_mode():
             src = padded_sources(ids, self.device, self.max_positions)
             prefix = padded_prefixes(prefixes, self.device)
             if self.shortlist is None:

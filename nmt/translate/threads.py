@@ -1,0 +1,174 @@
+"""How many CPU threads a batch's search runs on: chosen batch by batch, at most torch's setting.
+
+One process of several threads (`nmt translate --workers 1` or line by line, `nmt serve`) searches each
+batch in an OpenMP team: hundreds of small parallel regions a decoder step. Measured on an Intel Xeon
+virtual machine of 2 cores (benchmarks/RESULTS.md, 2026-11-27 08:57, threads batch by batch) and an AMD
+EPYC (2026-11-26 12:25):
+- a sentence alone is too small to share: one thread was as fast as two for a sentence at beam 4
+  (0.98-1.11x) and faster for greedy batches of 1-16 sentences (int8: two threads 0.86-0.92x);
+- a team's thread that waits for a core another process holds stalls every parallel region: one process
+  of two spinning threads translated 23-31 lines/s with a core busy, one thread 63-72;
+- threads that sleep while they wait (OMP_WAIT_POLICY=PASSIVE, nmt's setting before) do not stall so, but
+  are woken through the kernel at every region: in one sitting that made two threads slower than one at
+  every batch size (0.43-0.76x), in another it cost nothing.
+So the team spins (libgomp's default; OMP_WAIT_POLICY and GOMP_SPINCOUNT as the user sets them), and a
+batch runs on
+- one thread when it has at most FEW_ROWS rows (sentences x beam: one sentence at beam 4, a few greedy);
+- otherwise on all of torch's threads, but none on a core another process took since the last batch:
+  /proc/stat's busy time of the process's CPUs less the process's own, over the time between batches
+  (`SearchThreads.taken`); all threads where that cannot be read (no /proc).
+In both sittings this was as fast as the best of passive threads and one thread, idle and busy.
+
+The thread count does not change an int8 translation (its products' sums are exact): the same bits on
+one thread and on two (tests/test_threads.py). In fp32 it moves scores in the last bits where a BLAS
+splits a product's sums between threads, as the number of rows in a batch already did (MKL's, for the
+encoder's products of a small batch: 7e-6 relative at most in that test), and the texts stayed the same
+there and on the 1,000 Multi30k test lines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+FEW_ROWS = 4  # a batch of at most this many rows (sentences x beam) runs on one thread
+TAKEN_SHARE = 0.3  # a core counts as taken by other processes that used this share of it, or more
+MIN_WINDOW = 0.05  # seconds: between batches closer than this, the last count stays
+STAT = Path("/proc/stat")
+# /proc/stat's columns after the CPU's name: user nice system idle iowait irq softirq steal. Busy is all
+# but idle and iowait; steal (the hypervisor running another machine) takes the core as another process.
+BUSY_COLUMNS = (0, 1, 2, 5, 6, 7)
+
+
+@dataclass(frozen=True)
+class Sample:
+    pid: int
+    wall: float  # time.monotonic()
+    busy: float  # seconds the process's CPUs were busy, since boot
+    own: float  # seconds of CPU the process used (all its threads)
+    cpus: int
+
+
+def busy_seconds(stat: str, cpus: set[int]) -> float | None:
+    """Seconds the CPUs `cpus` were busy since boot, from the text of /proc/stat; None if it names none."""
+    ticks, found = 0, 0
+    for line in stat.splitlines():
+        name, _, rest = line.partition(" ")
+        if not (name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus):
+            continue
+        columns = rest.split()
+        ticks += sum(int(columns[i]) for i in BUSY_COLUMNS if i < len(columns))
+        found += 1
+    return ticks / os.sysconf("SC_CLK_TCK") if found else None
+
+
+def sample(stat: Path = STAT) -> Sample | None:
+    """The process's CPUs' busy time and its own now; None where /proc/stat cannot be read."""
+    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    try:
+        busy = busy_seconds(stat.read_text(), cpus)
+    except (OSError, ValueError):
+        return None
+    if busy is None:
+        return None
+    return Sample(os.getpid(), time.monotonic(), busy, time.process_time(), len(cpus))
+
+
+AT_IMPORT = sample()
+
+
+class SearchThreads:
+    """The thread count of each batch's search in this process (the module docstring)."""
+
+    def __init__(self, stat: Path = STAT):
+        self.stat = stat
+        # the first window from the process's start (this module's import: before the model loads, whose
+        # own CPU time is subtracted), long enough to tell at the first batch
+        self.last = AT_IMPORT if stat == STAT and AT_IMPORT is not None else sample(stat)
+        self.taken_cores = 0  # at the last window long enough to tell
+
+    def sample(self) -> Sample | None:
+        return sample(self.stat)
+
+    def taken(self) -> int:
+        """The cores other processes kept busy since the last call (or since this was made): their
+        share of the process's CPUs' busy time, each core from TAKEN_SHARE of it on; 0 where unknown.
+        While this process runs a team on a core another process also wants, the other gets about half
+        of it, so a busy core shows about half taken: hence a share well below one."""
+        now = self.sample()
+        if now is None:
+            return 0
+        last = self.last
+        if last is None or last.pid != now.pid:  # first reading in this process (a forked worker)
+            self.last = now
+            return self.taken_cores
+        window = now.wall - last.wall
+        if window < MIN_WINDOW:  # keep the earlier reading: a longer window next time
+            return self.taken_cores
+        others = max(0.0, (now.busy - last.busy) - (now.own - last.own)) / window
+        self.last, self.taken_cores = now, max(0, math.ceil(others - TAKEN_SHARE))
+        return self.taken_cores
+
+    def count(self, rows: int) -> int:
+        """Threads for a batch of `rows` rows: one for FEW_ROWS or fewer, else torch's setting, less the
+        cores taken (at least one)."""
+        most = torch.get_num_threads()
+        if most <= 1:
+            return 1
+        if rows <= FEW_ROWS:
+            return 1
+        taken = self.taken()
+        if taken == 0:
+            return most
+        cpus = self.last.cpus if self.last is not None else most
+        return max(1, min(most, cpus - taken))
+
+    @contextlib.contextmanager
+    def batch(self, rows: int) -> Iterator[int]:
+        """The block (one batch's search) on `count(rows)` threads, torch's setting given back after.
+        torch's setting is the calling thread's (OpenMP's per-thread count), so set and used here alike."""
+        most = torch.get_num_threads()
+        threads = self.count(rows)
+        if threads == most:
+            yield threads
+            return
+        torch.set_num_threads(threads)
+        try:
+            yield threads
+        finally:
+            torch.set_num_threads(most)
+
+
+def serving_threads(environ: dict | None = None, default: int | None = None) -> int:
+    """The threads of `nmt serve`'s searches: one core fewer than torch's default (`default`), at least
+    one, so that the server's own threads (HTTP, each request's preparation, the answers) keep a core
+    while a batch is searched; OMP_NUM_THREADS, where the user set it, as set.
+
+    On 2 cores of an Intel Xeon virtual machine (benchmarks/RESULTS.md, 2026-11-27 08:57, threads batch
+    by batch), one search thread answered 8 concurrent clients 1.5-1.6x as fast as two (27.3-29.0
+    requests/s against 16.9-18.5) and 32 clients 1.5x (35.0-36.7 against 19.9-23.9): two threads spinning
+    between parallel regions took the core the server's request threads needed, and sleeping ones (the
+    setting before) were no better (14.1-16.5 and 20.7-21.8 requests/s). With a core busy, even."""
+    env = os.environ if environ is None else environ
+    most = torch.get_num_threads() if default is None else default
+    return most if "OMP_NUM_THREADS" in env else max(1, most - 1)
+
+
+def threads_words(threads: int) -> str:
+    """For a log line: how a process of `threads` (> 1) threads runs its batches."""
+    few = f"one for a batch of up to {FEW_ROWS} rows"
+    return f"{threads} threads ({few}, fewer while other processes take cores)"
+
+
+def serving_words(threads: int, environ: dict | None = None) -> str:
+    """For `nmt serve`'s first line: the threads its searches run on, and why."""
+    env = os.environ if environ is None else environ
+    words = "1 thread" if threads <= 1 else threads_words(threads)
+    return f"searching on {words}" + ("" if "OMP_NUM_THREADS" in env else ", a core left to the requests")
