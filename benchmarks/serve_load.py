@@ -32,11 +32,17 @@ import common  # benchmarks/common.py: these scripts run with benchmarks/ on sys
 SECTION = "## Serving"
 
 
+def threads_env(threads: int) -> dict[str, str]:
+    """The environment with OMP_NUM_THREADS set to `threads`; 0: unset, so that the command chooses."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    return {**env, "OMP_NUM_THREADS": str(threads)} if threads > 0 else env
+
+
 class Server:
     """`nmt serve` in a subprocess, its log kept for the message when it does not start."""
 
     def __init__(self, model: Path, threads: int, wait_ms: float):
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+        env = {**threads_env(threads), "PYTHONUNBUFFERED": "1"}
         cmd = [sys.executable, "-m", "nmt", "serve", "-m", str(model), "--port", "0", "--device", "cpu"]
         cmd += ["--batch-wait-ms", str(wait_ms)]
         self.proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
@@ -76,7 +82,7 @@ def post(url: str, body, timeout: float = 120) -> tuple[int, bytes]:
 def interactive(model: Path, sentences: list[str], lines: int, threads: int) -> dict:
     """`nmt translate --interactive`, one line written and its translation read back before the next:
     the per-line latency a user of the command line sees, to set the server's one-client latency against."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+    env = {**threads_env(threads), "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "nmt", "translate", "-m", str(model), "--interactive", "--device", "cpu"]
     proc = subprocess.Popen(
         cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
@@ -140,7 +146,7 @@ def main() -> int:
     p.add_argument("--input", type=Path, required=True, help="sentences, one per line")
     p.add_argument("--clients", default="1,8,64")
     p.add_argument("--requests", type=int, default=300, help="requests per client count")
-    p.add_argument("--threads", type=int, default=2, help="torch threads of the server")
+    p.add_argument("--threads", type=int, default=2, help="torch threads of the server (0: its default)")
     p.add_argument("--batch-wait-ms", type=float, default=10.0)
     p.add_argument("--only", default="load,interactive", help="which parts to run (comma-separated)")
     p.add_argument("--label", default="", help="a word for the entry's heading, e.g. before or after")
@@ -188,8 +194,8 @@ def main() -> int:
         entry = [
             f"### {common.now()}{label}: {args.model}, cpu",
             "",
-            f"- machine: {common.machine_name('cpu')}, {args.threads} torch threads for the server, "
-            f"torch {torch.__version__}",
+            f"- machine: {common.machine_name('cpu')}, {args.threads or 'its default'} torch threads for the "
+            f"server, torch {torch.__version__}",
             f"- command: `{common.command_line(__file__, None)}`",
             f"- one sentence per request, {args.requests} requests per row, batch window "
             f"{args.batch_wait_ms:g} ms, beam and length penalty from the checkpoint; the clients share the "
