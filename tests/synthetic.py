@@ -88,3 +88,17 @@ def make_workdir(workdir: Path, n_train: int = 4000, n_valid: int = 100, seed: i
             (data / "valid.xx").write_text("\n".join(src) + "\n")
             (data / "valid.yy").write_text("\n".join(tgt) + "\n")
     return subword
+
+
+def translate_summary(run: Path, *options: str) -> str:
+    """The summary line (`translated N lines in ...; device ...`) of `nmt translate` of a trained
+    synthetic run's best model over its validation source, with `options`."""
+    from typer.testing import CliRunner
+
+    from nmt.cli import app
+
+    model, source = run / "checkpoints" / "best.pt", run / "data" / "valid.xx"
+    result = CliRunner().invoke(app, ["translate", "-m", str(model), "-i", str(source), *options])
+    assert result.exit_code == 0, result.output
+    (line,) = [x for x in result.stderr.splitlines() if x.startswith("translated ")]
+    return line

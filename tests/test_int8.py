@@ -18,7 +18,7 @@ from nmt.model import Transformer
 from nmt.translate import int8
 from nmt.translate.int8 import Int8Linear, quantize_int8
 
-from .synthetic import make_config
+from .synthetic import make_config, translate_summary
 
 # numerics: trains or compares numbers, so `make test` runs it again with the AVX2 kernels forced
 pytestmark = [pytest.mark.numerics, pytest.mark.usefixtures("one_torch_thread")]
@@ -90,13 +90,9 @@ def test_the_log_says_what_the_products_run_in_and_why(synthetic_run: Path):
     """The summary line of `nmt translate`: int8's kernel and bits as the probe found them on this CPU,
     and for --dtype auto why it kept fp32 (bf16 native here or not); nothing to explain for a choice
     the user made."""
-    model, source = synthetic_run / "checkpoints" / "best.pt", synthetic_run / "data" / "valid.xx"
 
     def summary(*options: str) -> str:
-        result = CliRunner().invoke(app, ["translate", "-m", str(model), "-i", str(source), *options])
-        assert result.exit_code == 0, result.output
-        (line,) = [x for x in result.stderr.splitlines() if x.startswith("translated ")]
-        return line
+        return translate_summary(synthetic_run, *options)
 
     kernel, bits = int8.kernel()
     assert f"device cpu, int8, by {kernel.name} with {bits}-bit " in summary("--dtype", "int8")

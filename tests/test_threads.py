@@ -27,7 +27,7 @@ from nmt.translate.threads import (
     serving_words,
 )
 
-from .synthetic import make_config
+from .synthetic import make_config, translate_summary
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -239,17 +239,9 @@ def test_a_sentence_alone_is_searched_on_one_thread(two_threads, monkeypatch):
 def test_the_summary_says_how_one_process_shares_its_threads(synthetic_run: Path, two_threads):
     """`nmt translate --workers 1` on two threads says so in its summary line; worker processes of one
     thread each (the default for files) have nothing to share out."""
-    from typer.testing import CliRunner
-
-    from nmt.cli import app
-
-    model, source = synthetic_run / "checkpoints" / "best.pt", synthetic_run / "data" / "valid.xx"
 
     def summary(*options: str) -> str:
-        result = CliRunner().invoke(app, ["translate", "-m", str(model), "-i", str(source), *options])
-        assert result.exit_code == 0, result.output
-        (line,) = [x for x in result.stderr.splitlines() if x.startswith("translated ")]
-        return line
+        return translate_summary(synthetic_run, *options)
 
     one_process = summary("--device", "cpu", "--workers", "1")
     assert one_process.endswith(
