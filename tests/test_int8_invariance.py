@@ -106,11 +106,29 @@ def test_the_kernel_chosen_by_rows_gives_the_same_bits_on_both_sides_of_its_cros
         # a model's own product has oneDNN's copy of its weights before workers fork (they share it); one
         # built for one batch (a shortlist's union) makes it only once more rows than `few_rows` come
         assert Int8Linear(linear.weight, linear.bias).product.many is not None
-        union = int8.over(linear.weight[:64], linear.bias[:64])
+        union = int8.over(torch.arange(64), linear.weight[:64], linear.bias[:64])
         assert torch.equal(union(x[:1]), alone[:1, :64])
         assert (union.product.many is None) == (few_rows >= 1)
         assert torch.equal(union(x), alone[:, :64])
         assert union.product.many is not None
+
+
+def test_a_union_of_output_rows_gives_the_full_maps_numbers(each_kernel):
+    """A shortlist's union of the output projection's rows (`Int8Linear.over`): its integers gathered
+    where the kernel keeps them, else its floats quantized again; either way each column the full map's,
+    to the bit, and the integers those rows quantized alone give."""
+    torch.manual_seed(0)
+    weight, bias = torch.randn(500, 64), torch.randn(500)
+    ids = torch.randperm(500)[:96].sort().values
+    x = torch.randn(40, 64) * torch.logspace(-2, 2, 40)[:, None]
+    with torch.inference_mode():
+        full = Int8Linear(weight, bias)
+        union = full.over(ids, weight[ids], bias[ids])
+        for rows in (1, 4, 40):
+            assert torch.equal(union(x[:rows]), full(x[:rows])[:, ids]), rows
+    kept = union.product.integers() if hasattr(union.product, "integers") else None
+    if kept is not None:
+        assert torch.equal(kept, Int8Linear(weight[ids], bias[ids]).product.integers())
 
 
 def test_the_preferred_kernel_is_exact_here_with_seven_or_eight_bits():

@@ -98,8 +98,9 @@ class PrepackedLinear(nn.Module):
     def product(self, rows: Tensor) -> Tensor:
         return torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, self.activation, [], "")
 
-    def over(self, weight: Tensor, bias: Tensor | None) -> PrepackedLinear:
-        """The same product over other weights (a shortlist's union of output rows)."""
+    def over(self, ids: Tensor, weight: Tensor, bias: Tensor | None) -> PrepackedLinear:
+        """The same product over this map's output rows `ids`, whose floats are `weight` and `bias` (a
+        shortlist's union): laid out again, as oneDNN's layout cannot be gathered."""
         return PrepackedLinear(weight, bias, self.activation)
 
     def extra_repr(self) -> str:

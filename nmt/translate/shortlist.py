@@ -43,14 +43,14 @@ def union_size(members: int, vocab: int) -> int:
 def output_rows(model, ids: Tensor):
     """The model's output projection (and bias) on the rows `ids` (U,): (N, D) -> (N, U), column i the
     full projection's column ids[i]. A CPU kernel of the model's (`output_kernel`: int8, or fp32
-    prepacked for oneDNN) is built again over the gathered rows, so that the union's product runs in it
-    too: those kernels are made from (weight, bias) and quantize or lay out each output row on its own,
-    so a gathered row gives the very numbers of the full map's row."""
+    prepacked for oneDNN) is made over those rows, so that the union's product runs in it too: int8's
+    integers and scales gathered, fp32's rows laid out again. Both quantize or lay out each output row on
+    its own, so a gathered row gives the very numbers of the full map's row."""
     weight = model.output_weight[ids]  # (U, D)
     bias = model.output_bias[ids] if model.output_bias is not None else None
     kernel = model.output_kernel
     if kernel is not None:
-        return kernel.over(weight, bias)
+        return kernel.over(ids, weight, bias)
     return lambda y: F.linear(y.to(weight.dtype), weight, bias)
 
 
