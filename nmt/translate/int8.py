@@ -118,8 +118,8 @@ class _RowQuantized(_Kernel):
 
     def gathered(self, ids: Tensor) -> _RowQuantized | None:
         # each output row's integers and scale are its own (s_o = max_i |W_oi| / L): gathered, they are
-        # the very numbers quantizing those rows alone gives, without quantizing again (0.44 ms of a
-        # student's sentence over a shortlist's union of 448 rows, against 15 us)
+        # the very numbers quantizing those rows alone gives, without quantizing again (building a
+        # student's union of 448 rows for one sentence took 0.44 ms quantized, 0.13 ms gathered)
         weight = self.integers()
         if weight is None:
             return None
