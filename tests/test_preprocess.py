@@ -19,7 +19,7 @@ from nmt.data.clean import clean_pairs, drop_reason
 from nmt.data.preprocess import preprocess
 from nmt.errors import DataError
 from nmt.subword import Subword
-from nmt.tokens import EOS
+from nmt.tokens import BOS, EOS
 
 NEEDS_MIRROR = "set NMT_DATA_MIRROR=/path/to/multi30k to run"
 RECIPE = RECIPES_DIR / "multi30k-en-de.yaml"
@@ -391,6 +391,25 @@ def test_subwords_trained_twice_on_a_corpus_larger_than_their_sample_are_identic
     assert sample_lines(files, 1500) != sample_lines(files, 1500, seed=2)  # a sample, not the first lines
     assert len(sample_lines(files, 1500)) == 1500
     assert not list((tmp_path / "a").glob("*.txt")) and not list((tmp_path / "a").glob("*.part.*"))
+
+
+def test_a_few_lines_encode_and_decode_one_at_a_time_as_sentencepieces_list_call_does(tmp_path):
+    """Below POOL_FROM lines Subword calls SentencePiece a line at a time (its list call starts threads);
+    the ids and texts must be the list call's, on each side of the switch, typed text included."""
+    from nmt.subword import POOL_FROM, train_sentencepiece
+
+    rng = random.Random(3)
+    words = ["a", "dog", "runs", "über", "the", "grass", "naïve", "café", "x2", "—", "🙂"]
+    corpus = [" ".join(rng.choice(words) for _ in range(rng.randint(1, 9))) for _ in range(400)]
+    sub = train_sentencepiece(corpus, tmp_path / "spm", 30, character_coverage=1.0)
+    typed = ["", "  two  spaces ", "tab\there", "UPPER café 🙂", "\u00a0no-break", "zz qq unknown"]
+    for n in (1, 2, POOL_FROM - 1, POOL_FROM, POOL_FROM + 1):
+        lines = (typed + corpus)[:n]
+        ids = sub.encode(lines)
+        assert ids == sub._sp.encode(lines, out_type=int)
+        assert sub.encode_target(lines) == ids
+        with_ends = [[BOS, *seq, EOS] for seq in ids]  # Subword.decode leaves BOS and EOS out
+        assert sub.decode(with_ends) == sub._sp.decode(ids)
 
 
 def test_inline_terms_go_into_the_binarized_sources_by_id_and_the_text_stays_as_it_was(tmp_path, monkeypatch):
