@@ -720,7 +720,11 @@ def serve(
         int | None, typer.Option("--max-batch-tokens", hidden=True, help="The old name of --max-tokens.")
     ] = None,
     batch_wait_ms: Annotated[
-        float, typer.Option(help="How long the first request of a batch waits for others to join it.")
+        float,
+        typer.Option(
+            help="How long the first request of a batch waits for others to join it, while requests keep"
+            " coming (one that finds the model idle longer starts at once)."
+        ),
     ] = ServeSettings.batch_wait_ms,
     max_chars: Annotated[
         int, typer.Option(help="Largest request, in characters of text.")

@@ -544,6 +544,41 @@ def test_a_failing_batch_is_retried_one_by_one_so_only_the_faulty_request_fails(
         b.close(5)
 
 
+class SlowTranslator(FakeTranslator):
+    """A FakeTranslator whose every batch takes `seconds`."""
+
+    def __init__(self, seconds: float):
+        super().__init__()
+        self.seconds = seconds
+
+    def search_sources(self, count, sources, forced=None, nbest=None):
+        time.sleep(self.seconds)
+        return super().search_sources(count, sources, forced, nbest)
+
+
+def test_a_request_to_an_idle_model_starts_at_once_and_those_that_keep_coming_share_batches():
+    """The batch window is for requests that keep coming: one that finds the model idle for longer than
+    the window is not held for company (which at that rate does not come); one queued while a batch runs
+    waits the window after it for others."""
+    t = SlowTranslator(0.3)
+    b = batcher(t, batch_wait_ms=1000)
+    try:
+        time.sleep(1.2)  # the model idle for longer than the window
+        far = time.monotonic() + 30
+        start = time.monotonic()
+        alone = b.submit({0: [1, 2]}, 1, 1, far)
+        time.sleep(0.1)
+        queued = b.submit({0: [3]}, 1, 1, far)  # while the first batch runs
+        assert alone.future.result(10) == [[("2 1", -1.0)]]
+        assert time.monotonic() - start < 0.9  # its 0.3 s, not the window's 1 s more
+        time.sleep(0.3)  # the model is free now, and the queued request waits the window for company
+        joining = b.submit({0: [4, 5]}, 1, 1, far)
+        assert queued.future.result(10) == [[("3", -1.0)]] and joining.future.result(10) == [[("5 4", -1.0)]]
+        assert t.batches == [[[1, 2]], [[3], [4, 5]]]
+    finally:
+        b.close(5)
+
+
 def test_an_answer_leaves_with_its_lines_already_out_of_the_queue_gauge():
     """A client that reads /metrics as soon as it has its answer must find the queue without its lines and
     the answer and its batch counted: the worker took them off after answering, and a busy machine showed

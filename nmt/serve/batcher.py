@@ -154,13 +154,18 @@ class Batcher:
         Jobs served least so far go first (arrival order among equals): a request that just came is in
         the next batch, however many pieces of a large one are still waiting.
         """
+        free = time.monotonic()  # the model is free from now: its last batch is answered
         with self.cond:
             while not self.jobs and not self.closing:
                 self.cond.wait()
             if not self.jobs:
                 return None
-            # The window: a lone small request waits a little for others to share its batch.
-            end = time.monotonic() + self.wait
+            # The window: while requests keep coming (one waited already, or came within a window of the
+            # model's last batch), the first of a batch waits a little for others to share it. One that
+            # finds the model idle longer starts at once: at that rate nobody is coming to share its
+            # batch, and the window would only add to its time (10 ms: most of a student's sentence).
+            start = time.monotonic()
+            end = start + self.wait if start - free < self.wait else start
             while self.queued_cost() < self.budget and (left := end - time.monotonic()) > 0:
                 if self.closing:
                     break

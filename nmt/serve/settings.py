@@ -18,7 +18,7 @@ class ServeSettings:
 
     host: str = "127.0.0.1"  # the address to listen on; 0.0.0.0 for every interface
     port: int = 5000  # 0: a free one, which the server prints
-    batch_wait_ms: float = 10.0  # how long the first request of a batch waits for others
+    batch_wait_ms: float = 10.0  # how long the first request of a batch waits for others (Batcher.take)
     max_chars: int = 20000  # characters of text in one request
     max_queue: int = 100000  # source lines waiting for the model; more: 503
     timeout: float = 60.0  # seconds a request may wait for its translation; then 504
