@@ -556,25 +556,28 @@ class SlowTranslator(FakeTranslator):
         return super().search_sources(count, sources, forced, nbest)
 
 
-def test_a_request_to_an_idle_model_starts_at_once_and_those_that_keep_coming_share_batches():
-    """The batch window is for requests that keep coming: one that finds the model idle for longer than
-    the window is not held for company (which at that rate does not come); one queued while a batch runs
-    waits the window after it for others."""
-    t = SlowTranslator(0.3)
+def test_a_request_alone_starts_at_once_and_requests_that_come_together_wait_the_window_for_company():
+    """The batch window is for requests that come together: one alone (the model idle, or a client's
+    next line after a batch of its own) is not held for company that does not come; after a batch of
+    several requests, the next one waits the window for others."""
+    t = SlowTranslator(0.1)
     b = batcher(t, batch_wait_ms=1000)
     try:
-        time.sleep(1.2)  # the model idle for longer than the window
         far = time.monotonic() + 30
-        start = time.monotonic()
-        alone = b.submit({0: [1, 2]}, 1, 1, far)
-        time.sleep(0.1)
-        queued = b.submit({0: [3]}, 1, 1, far)  # while the first batch runs
-        assert alone.future.result(10) == [[("2 1", -1.0)]]
-        assert time.monotonic() - start < 0.9  # its 0.3 s, not the window's 1 s more
-        time.sleep(0.3)  # the model is free now, and the queued request waits the window for company
-        joining = b.submit({0: [4, 5]}, 1, 1, far)
-        assert queued.future.result(10) == [[("3", -1.0)]] and joining.future.result(10) == [[("5 4", -1.0)]]
-        assert t.batches == [[[1, 2]], [[3], [4, 5]]]
+        for ids in ([1, 2], [3]):  # a client's lines one after the other, each sent on the last's answer
+            start = time.monotonic()
+            assert b.submit({0: ids}, 1, 1, far).future.result(10) == [
+                [(" ".join(map(str, ids[::-1])), -1.0)]
+            ]
+            assert time.monotonic() - start < 0.7  # its 0.1 s, not the window's 1 s more
+        with b.cond:  # two requests at once: one batch
+            pair = [b.submit({0: [4]}, 1, 1, far), b.submit({0: [5]}, 1, 1, far)]
+        assert [job.future.result(10) for job in pair] == [[[("4", -1.0)]], [[("5", -1.0)]]]
+        first = b.submit({0: [6]}, 1, 1, far)  # requests come together now: the window holds it
+        time.sleep(0.3)
+        second = b.submit({0: [7, 8]}, 1, 1, far)
+        assert first.future.result(10) == [[("6", -1.0)]] and second.future.result(10) == [[("8 7", -1.0)]]
+        assert t.batches == [[[1, 2]], [[3]], [[4], [5]], [[6], [7, 8]]]
     finally:
         b.close(5)
 

@@ -81,6 +81,7 @@ class Batcher:
         self.queued = 0  # lines waiting, over all jobs
         self.closing = False
         self.active: list[Job] = []  # the jobs of the batch being translated
+        self.together = False  # whether the last batch held pieces of several requests
         self.thread = threading.Thread(target=self.run, name=name, daemon=True)
         self.thread.start()
 
@@ -160,12 +161,12 @@ class Batcher:
                 self.cond.wait()
             if not self.jobs:
                 return None
-            # The window: while requests keep coming (one waited already, or came within a window of the
-            # model's last batch), the first of a batch waits a little for others to share it. One that
-            # finds the model idle longer starts at once: at that rate nobody is coming to share its
+            # The window: where requests come together (the last batch held several, and this one came
+            # within a window of it), the first of a batch waits a little for others to share it. One
+            # alone (a client's next line, a user's) starts at once: nobody is coming to share its
             # batch, and the window would only add to its time (10 ms: most of a student's sentence).
             start = time.monotonic()
-            end = start + self.wait if start - free < self.wait else start
+            end = start + self.wait if self.together and start - free < self.wait else start
             while self.queued_cost() < self.budget and (left := end - time.monotonic()) > 0:
                 if self.closing:
                     break
@@ -197,6 +198,7 @@ class Batcher:
                     break
             self.metrics.set_queue(self.queued, self)
             self.active = [job for job, _ in batch]
+            self.together = len(batch) > 1
             return batch
 
     def queued_cost(self) -> int:
