@@ -722,8 +722,8 @@ def serve(
     batch_wait_ms: Annotated[
         float,
         typer.Option(
-            help="How long the first request of a batch waits for others to join it, while requests keep"
-            " coming (one that finds the model idle longer starts at once)."
+            help="How long the first request of a batch waits for others to join it, after a batch of"
+            " several requests (a request alone starts at once)."
         ),
     ] = ServeSettings.batch_wait_ms,
     max_chars: Annotated[
