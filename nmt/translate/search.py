@@ -258,7 +258,8 @@ def finalize(
     A finished score is raw / lp(length), `length` = |Y| with the EOS. Only the first K candidates are
     looked at (an EOS ranked below them would not have survived in a beam of K).
     fin_scores (B, K), best first, -inf where empty; fin_tokens (B, K, T); cand_scores, cand_tokens (B, K);
-    cand_seqs (B, K, T): each candidate's tokens before its last one, PAD-filled.
+    cand_seqs (B, K, T): each candidate's tokens before its last one, PAD-filled. T need only cover the
+    positions filled so far (length - 1): the search passes that much, not its whole length limit.
     """
     k = fin_scores.shape[1]
     ends = (cand_tokens == EOS) & torch.isfinite(cand_scores)  # (B, K)
@@ -340,6 +341,7 @@ class Beams:
         self.scores = torch.full((b, self.width), -math.inf, dtype=dtype, device=dev)  # (B, width) raw
         self.scores[:, 0] = 0.0  # one hypothesis (BOS) to start from; any other rows never win a slot
         self.seqs = torch.full((b * self.width, steps), PAD, device=dev)  # (B*width, T) live tokens so far
+        self.spare: Tensor | None = None  # `extend`'s other buffer of seqs' shape: PAD past what it filled
         self.last = torch.full((b * self.width,), BOS, device=dev)
         self.fin_scores = torch.full((b, k), -math.inf, dtype=dtype, device=dev)  # (B, K) best first
         self.fin_tokens = torch.full((b, k, steps), PAD, device=dev)
@@ -368,9 +370,12 @@ class Beams:
         k = self.k
         if not bool((cand_tokens[:, :k] == EOS).any()):
             return
-        cand_seqs = self.seqs.index_select(0, self.rows(cand_beams[:, :k])).view(-1, k, self.seqs.shape[1])
-        self.fin_scores, self.fin_tokens = finalize(
-            self.fin_scores, self.fin_tokens, cand_scores[:, :k], cand_tokens[:, :k], cand_seqs, t + 1, lenpen
+        # Only the t positions filled so far: every finished hypothesis is PAD past them, and the length
+        # limit, which the buffers are sized for, is often several times a sentence's length.
+        filled = self.seqs[:, :t].index_select(0, self.rows(cand_beams[:, :k])).view(len(cand_beams), k, t)
+        fin_tokens = self.fin_tokens[:, :, :t]
+        self.fin_scores, fin_tokens[:] = finalize(
+            self.fin_scores, fin_tokens, cand_scores[:, :k], cand_tokens[:, :k], filled, t + 1, lenpen
         )
         self.finished = True
 
@@ -379,8 +384,14 @@ class Beams:
         histories -> the rows (B*K,) taken, which the decoder state must follow."""
         rows = self.rows(beams)
         self.scores, self.last = scores, tokens.view(-1)
-        self.seqs = self.seqs.index_select(0, rows)
-        self.seqs[:, t] = self.last
+        # The t filled positions move, into the other buffer (PAD past them: it held the tokens of step
+        # t - 2 at most), rather than the whole length limit's worth at every step.
+        n = len(rows)
+        spare = self.spare if self.spare is not None and len(self.spare) >= n else None
+        target = spare[:n] if spare is not None else self.seqs.new_full((n, self.seqs.shape[1]), PAD)
+        torch.index_select(self.seqs[:, :t], 0, rows, out=target[:, :t])
+        target[:, t] = self.last
+        self.seqs, self.spare = target, self.seqs
         return rows
 
     def widen(self) -> bool:
@@ -429,7 +440,7 @@ class Beams:
             self.fin_scores[keep],
             self.fin_tokens[keep],
         )
-        self.seqs, self.last = self.seqs[keep_rows], self.last[keep_rows]
+        self.seqs, self.last, self.spare = self.seqs[keep_rows], self.last[keep_rows], None
         self.prefix = self.prefix[keep_rows] if self.prefix is not None else None
         self.offsets = self.offsets[: keep.numel()]
         self.first_limit, self.n_dead = int(self.max_lens.min()), 0
