@@ -171,3 +171,39 @@ def test_nmt_serve_says_it_prepacked_the_decoder(synthetic_run: Path):
         assert (status, body) == (200, {"translatedText": "c b a"})
     finally:
         assert server.stop() == 0
+
+
+def test_where_one_row_alone_sums_otherwise_a_single_row_is_multiplied_as_two(monkeypatch):
+    """As oneDNN did on an Intel Xeon with AMX at two threads: the probe finds one row's kernel off, and a
+    row alone then gets the bits it has among others; a kernel off at any other count leaves F.linear."""
+    import nmt.translate.prepacked as prepacked
+
+    real = PrepackedLinear.product
+
+    def one_row_off(self, rows):
+        y = real(self, rows)
+        return y + 1e-3 if rows.shape[0] == 1 else y
+
+    monkeypatch.setattr(PrepackedLinear, "product", one_row_off)
+    prepacked.least_rows.cache_clear()
+    try:
+        assert prepacked.least_rows() == 2 and available()
+        torch.manual_seed(0)
+        linear = PrepackedLinear(torch.randn(300, 64) / 8, torch.randn(300))
+        rows = torch.randn(40, 64)
+        with torch.inference_mode():
+            among = linear(rows)
+            assert all(torch.equal(linear(rows[i : i + 1]), among[i : i + 1]) for i in (0, 7, 39))
+            assert not torch.equal(one_row_off(linear, rows[:1]), among[:1])  # the kernel itself is off
+
+        def three_rows_off(self, rows):
+            y = real(self, rows)
+            return y + 1e-3 if rows.shape[0] == 3 else y
+
+        monkeypatch.setattr(PrepackedLinear, "product", three_rows_off)
+        prepacked.least_rows.cache_clear()
+        assert prepacked.least_rows() is None and not available()
+        assert not prepack_decoder(Transformer(make_config().model, 64))
+    finally:
+        monkeypatch.setattr(PrepackedLinear, "product", real)
+        prepacked.least_rows.cache_clear()

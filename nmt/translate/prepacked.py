@@ -16,15 +16,18 @@ is where they are missing, disagree with F.linear, or give a row other bits amon
 
 A row's output does not depend on how many rows share the product (tests/test_prepacked.py checks it over
 1 to 2,100 rows; `available` checks it on the CPU at hand), so translations stay independent of the
-batch. They may differ from F.linear's in the last bits (a relative 1e-6 to 1e-5: another summation
-order), as two BLAS libraries do.
+batch. One exception was measured: on an Intel Xeon with AMX (torch 2.11, 2026-11-27), oneDNN's kernel
+for a single row summed in another order than its kernels for more rows at two threads (not at one), so
+where `available` finds that, a single row is multiplied as two (`least_rows`). They may differ from
+F.linear's in the last bits (a relative 1e-6 to 1e-5: another summation order), as two BLAS libraries do.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -58,10 +61,13 @@ def row_pieces(m: int) -> tuple[tuple[int, int], ...]:
     return tuple(pieces)
 
 
-def in_row_buckets(rows: Tensor, product: Callable[[Tensor], Tensor]) -> Tensor:
+def in_row_buckets(rows: Tensor, product: Callable[[Tensor], Tensor], least: int = 1) -> Tensor:
     """`product` of (M, in) rows, called at ROW_BUCKETS counts only (row_pieces): the rows padded with
     zeros or cut into pieces, the outputs (M, out) as if it had run on all M rows at once. For products
-    whose row results do not depend on the other rows, and whose library builds a kernel per row count."""
+    whose row results do not depend on the other rows, and whose library builds a kernel per row count.
+    `least` (a bucket): fewer rows are padded up to it (`least_rows`)."""
+    if rows.shape[0] < least:
+        return product(F.pad(rows, (0, 0, 0, least - rows.shape[0])))[: rows.shape[0]]
     pieces, start, out = row_pieces(rows.shape[0]), 0, []
     for m, bucket in pieces:
         piece = rows[start : start + m]
@@ -84,15 +90,18 @@ class PrepackedLinear(nn.Module):
     `activation` "relu" applies max(0, y) inside the same oneDNN call (a post-op): one operator less.
     """
 
-    def __init__(self, weight: Tensor, bias: Tensor | None, activation: str = "none"):
+    def __init__(
+        self, weight: Tensor, bias: Tensor | None, activation: str = "none", least: int | None = None
+    ):
         super().__init__()
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
         self.packed = _pack(weight)
         self.bias = None if bias is None else bias.detach().contiguous()
         self.activation = activation
+        self.least = least if least is not None else least_rows() or 1  # rows multiplied at least
 
     def forward(self, x: Tensor) -> Tensor:
-        y = in_row_buckets(x.reshape(-1, self.in_features), self.product)  # (M, out)
+        y = in_row_buckets(x.reshape(-1, self.in_features), self.product, self.least)  # (M, out)
         return y.view(*x.shape[:-1], self.out_features)
 
     def product(self, rows: Tensor) -> Tensor:
@@ -108,27 +117,58 @@ class PrepackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN prepacked{fused}"
 
 
+# The row counts `least_rows` multiplies alone and compares with the same rows among 300: one row, a few
+# (a decoder step of a sentence or a few) and many (a batch's), where oneDNN's kernels change with the count.
+# Each count builds a kernel that stays cached: all the buckets up to 256 took 14 MiB more, these 4.
+PROBE_ROWS = (1, 2, 3, 4, 8, 64, 256)
+
+
+@contextlib.contextmanager
+def _threads(n: int) -> Iterator[None]:
+    most = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(most)
+
+
 @functools.cache
-def available() -> bool:
-    """Whether this torch has the operators, they agree with F.linear, and a row's result is the same alone
-    and among other rows: on a CPU whose kernels differ there, prepacking would make translations depend
-    on the batch, so the model keeps F.linear."""
+def least_rows() -> int | None:
+    """The fewest rows a product runs at: 1, or 2 where oneDNN's kernel for one row gives it other bits
+    than among other rows (and two rows do not); None where the operators are missing, disagree with
+    F.linear, or give a row other bits at another of PROBE_ROWS. Checked on one thread and on torch's
+    setting (a batch's search runs on either: nmt.translate.threads)."""
     if not torch.backends.mkldnn.is_available():
-        return False
+        return None
     try:
         gen = torch.Generator().manual_seed(0)
         weight, bias = torch.randn(512, 256, generator=gen) / 16, torch.randn(512, generator=gen)
         x = torch.randn(300, 256, generator=gen)
-        linear, fused = PrepackedLinear(weight, bias), PrepackedLinear(weight, bias, "relu")
+        linear, fused = PrepackedLinear(weight, bias, least=1), PrepackedLinear(weight, bias, "relu", least=1)
+        one_row = True
         with torch.inference_mode():
-            full = linear(x)
-            invariant = all(torch.equal(linear(x[:m])[m - 1], full[m - 1]) for m in (1, 4, 5, 64, 100))
+            for threads in sorted({1, torch.get_num_threads()}):
+                with _threads(threads):
+                    full = linear.product(x)
+                    if not all(torch.equal(linear.product(x[:m]), full[:m]) for m in PROBE_ROWS[1:]):
+                        return None
+                    one_row = one_row and torch.equal(linear.product(x[:1]), full[:1])
             # the fused ReLU must be the plain one's bits, so that fusing changes no translation
-            same_relu = torch.equal(fused(x), F.relu(full)) and torch.equal(fused(x[:4]), F.relu(full[:4]))
+            same_relu = torch.equal(fused.product(x), F.relu(full)) and torch.equal(
+                fused.product(x[:4]), F.relu(full[:4])
+            )
         close = torch.allclose(full, F.linear(x, weight, bias), rtol=1e-4, atol=1e-4)
-        return invariant and same_relu and close
+        return (1 if one_row else 2) if same_relu and close else None
     except (AttributeError, RuntimeError, NotImplementedError):
-        return False
+        return None
+
+
+def available() -> bool:
+    """Whether this torch has the operators, they agree with F.linear, and a row's result is the same alone
+    and among other rows (`least_rows`): on a CPU whose kernels differ there, prepacking would make
+    translations depend on the batch, so the model keeps F.linear."""
+    return least_rows() is not None
 
 
 def _applied(x: Tensor) -> Tensor:
