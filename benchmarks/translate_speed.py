@@ -147,7 +147,7 @@ class Result:
     tokens_per_s: float  # median over repetitions
     sentences_per_s: float
     ratios: list[float]  # nmt time / this engine's time, per repetition
-    latency_ms: float  # median, one sentence at a time
+    latency_ms: float | None  # median, one sentence at a time; None with --latency-lines 0
     rss_peak: int
     rss_over_imports: int
     same_as_nmt: float  # fraction of lines
@@ -163,7 +163,7 @@ def measure(job: dict, engines: list[tuple[str, str, bool]], repeats: int, refs:
             w.runs.append(w.ask("run"))
             seconds = w.runs[-1]["seconds"]
             print(f"repetition {rep + 1}/{repeats}: {w.name:22s} {seconds:7.2f} s", file=sys.stderr)
-    latencies = {w.name: w.ask("latency")["latency"] for w in workers}
+    latencies = {w.name: w.ask("latency")["latency"] if job["latency_lines"] else [] for w in workers}
     peaks = {w.name: w.ask("quit")["rss_peak"] for w in workers}
     for w in workers:
         w.proc.wait()
@@ -179,7 +179,7 @@ def measure(job: dict, engines: list[tuple[str, str, bool]], repeats: int, refs:
                 tokens_per_s=statistics.median(r["target_tokens"] / r["seconds"] for r in w.runs),
                 sentences_per_s=statistics.median(r["sentences"] / r["seconds"] for r in w.runs),
                 ratios=[b["seconds"] / r["seconds"] for b, r in zip(base.runs, w.runs, strict=True)],
-                latency_ms=1000 * statistics.median(latencies[w.name]),
+                latency_ms=1000 * statistics.median(latencies[w.name]) if latencies[w.name] else None,
                 rss_peak=peaks[w.name],
                 rss_over_imports=peaks[w.name] - w.ready["rss_imports"],
                 same_as_nmt=same,
@@ -197,9 +197,8 @@ def table_rows(results: list[Result]) -> list[list[str]]:
         speedup = f"{statistics.median(r.ratios):.2f} ({min(r.ratios):.2f}-{max(r.ratios):.2f})"
         rss = f"{r.rss_peak / MIB:,.0f}", f"{r.rss_over_imports / MIB:,.0f}"
         quality = ["n/a" if q is None else f"{q:.2f}" for q in (r.bleu, r.chrf)]
-        rows.append(
-            [r.name, *speeds, speedup, f"{r.latency_ms:,.1f}", *rss, f"{r.same_as_nmt:.1%}", *quality]
-        )
+        latency = "n/a" if r.latency_ms is None else f"{r.latency_ms:,.1f}"
+        rows.append([r.name, *speeds, speedup, latency, *rss, f"{r.same_as_nmt:.1%}", *quality])
     return rows
 
 

@@ -215,6 +215,19 @@ def test_terminology_needs_a_model(capsys):
     assert stop.value.code == 2 and "--terminology needs --model" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # 20 s: two repetitions of a trained model's worker process
+def test_translate_speed_without_latency_lines_reports_speed_and_no_latency(synthetic_run, capsys):
+    translate = importlib.import_module("translate_speed")
+    model, source = synthetic_run / "checkpoints" / "best.pt", synthetic_run / "data" / "valid.xx"
+    args = ["--model", str(model), "--input", str(source), "--lines", "20", "--threads", "1"]
+    (row,) = translate.main([*args, "--engine", "nmt:fp32", "--latency-lines", "0", "--repeats", "2"])
+    assert row.latency_ms is None and row.sentences_per_s > 0 and len(row.ratios) == 2
+    table = capsys.readouterr().out
+    assert "| nmt fp32 |" in table and "| n/a |" in table
+    (timed,) = translate.main([*args, "--engine", "nmt:fp32", "--latency-lines", "3", "--repeats", "1"])
+    assert timed.latency_ms > 0
+
+
 def test_record_appends_to_its_own_section_only(tmp_path):
     path = tmp_path / "RESULTS.md"
     path.write_text("# Benchmark results\n\n## Translation speed\n\ntheirs\n")
