@@ -119,7 +119,7 @@ class PrepackedLinear(nn.Module):
 
 # The row counts `least_rows` multiplies alone and compares with the same rows among 300: one row, a few
 # (a decoder step of a sentence or a few) and many (a batch's), where oneDNN's kernels change with the count.
-# Each count builds a kernel that stays cached: all the buckets up to 256 took 14 MiB more, these 4.
+# Each count builds a kernel that stays cached: every bucket up to 256 took 14 MiB more memory, these 4.
 PROBE_ROWS = (1, 2, 3, 4, 8, 64, 256)
 
 
