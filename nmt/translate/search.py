@@ -486,6 +486,7 @@ def greedy_search(
     out_tokens = torch.full((b, steps), PAD, device=src.device)
     out_scores = torch.zeros(b, dtype=dtype, device=src.device)
     first_limit = int(max_lens.min())  # before this step no row is at its length limit
+    n_dead = 0  # sentences done but still in the batch
     for t in range(steps):
         # 1. one decoder step for every live sentence
         logits, state = model.step(last, state)
@@ -495,12 +496,15 @@ def greedy_search(
         # 2. the best token, or a drawn one
         best, last = lprobs.max(dim=1) if sampler is None else sampler(lprobs)  # (B,)
         raw = raw + best
-        done = (last == EOS) & alive
-        seqs[:, t] = last.masked_fill(last == EOS, PAD)
-        # 3. finished sentences are recorded, and leave the batch once they are a quarter of it
-        alive &= ~done
-        n_done, n_dead = torch.stack([done.sum(), (~alive).sum()]).tolist()  # the one host sync a step
+        ended = last == EOS
+        done = ended & alive
+        seqs[:, t] = last.masked_fill(ended, PAD)
+        # 3. finished sentences are recorded, and leave the batch once they are a quarter of it. A step of
+        # one sentence is a few dozen small operators, so the count of the dead is kept here, not summed.
+        n_done = int(done.sum())  # the one host sync a step
         if n_done:
+            alive ^= done  # done ones are alive: this clears them
+            n_dead += n_done
             out_tokens[ids[done]] = seqs[done]
             out_scores[ids[done]] = raw[done] / length_penalty(t + 1, lenpen)
         if n_dead == len(alive):
@@ -509,7 +513,7 @@ def greedy_search(
             keep = alive.nonzero().squeeze(1)
             ids, raw, seqs, last, max_lens, alive = (x[keep] for x in (ids, raw, seqs, last, max_lens, alive))
             prefix = prefix[keep] if prefix is not None else None
-            first_limit = int(max_lens.min())
+            first_limit, n_dead = int(max_lens.min()), 0
             state = model.select_rows(state, keep)
     return [h[0] for h in hypotheses(out_scores[:, None], out_tokens[:, None], 1)]
 
