@@ -46,8 +46,9 @@ def output_rows(model, ids: Tensor):
     prepacked for oneDNN) is made over those rows, so that the union's product runs in it too: int8's
     integers and scales gathered, fp32's rows laid out again. Both quantize or lay out each output row on
     its own, so a gathered row gives the very numbers of the full map's row."""
-    weight = model.output_weight[ids]  # (U, D)
-    bias = model.output_bias[ids] if model.output_bias is not None else None
+    # index_select, not weight[ids]: advanced indexing took 3x as long (75 against 23 us for 512 rows)
+    weight = model.output_weight.index_select(0, ids)  # (U, D)
+    bias = model.output_bias.index_select(0, ids) if model.output_bias is not None else None
     kernel = model.output_kernel
     if kernel is not None:
         return kernel.over(ids, weight, bias)
