@@ -386,9 +386,9 @@ class Beams:
         self.scores, self.last = scores, tokens.view(-1)
         # The t filled positions move, into the other buffer (PAD past them: it held the tokens of step
         # t - 2 at most), rather than the whole length limit's worth at every step.
-        n = len(rows)
-        spare = self.spare if self.spare is not None and len(self.spare) >= n else None
-        target = spare[:n] if spare is not None else self.seqs.new_full((n, self.seqs.shape[1]), PAD)
+        n, spare = len(rows), self.spare
+        fits = spare is not None and len(spare) == n  # rows change at step 0 (widen), then only on compact
+        target = spare if fits else self.seqs.new_full((n, self.seqs.shape[1]), PAD)
         torch.index_select(self.seqs[:, :t], 0, rows, out=target[:, :t])
         target[:, t] = self.last
         self.seqs, self.spare = target, self.seqs
