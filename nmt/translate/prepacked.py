@@ -25,15 +25,15 @@ F.linear's in the last bits (a relative 1e-6 to 1e-5: another summation order), 
 from __future__ import annotations
 
 import bisect
-import contextlib
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmt.model import FeedForward
+from nmt.translate.threads import on_threads
 
 # oneDNN builds (and caches, about half a MiB each, ~2 ms to build) one primitive per weight and row
 # count, and a long run of `nmt translate` or `nmt serve` sees every row count up to its largest batch.
@@ -123,16 +123,6 @@ class PrepackedLinear(nn.Module):
 PROBE_ROWS = (1, 2, 3, 4, 8, 64, 256)
 
 
-@contextlib.contextmanager
-def _threads(n: int) -> Iterator[None]:
-    most = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(most)
-
-
 @functools.cache
 def least_rows() -> int | None:
     """The fewest rows a product runs at: 1, or 2 where oneDNN's kernel for one row gives it other bits
@@ -149,7 +139,7 @@ def least_rows() -> int | None:
         one_row = True
         with torch.inference_mode():
             for threads in sorted({1, torch.get_num_threads()}):
-                with _threads(threads):
+                with on_threads(threads):
                     full = linear.product(x)
                     if not all(torch.equal(linear.product(x[:m]), full[:m]) for m in PROBE_ROWS[1:]):
                         return None

@@ -132,18 +132,25 @@ class SearchThreads:
 
     @contextlib.contextmanager
     def batch(self, rows: int) -> Iterator[int]:
-        """The block (one batch's search) on `count(rows)` threads, torch's setting given back after.
-        torch's setting is the calling thread's (OpenMP's per-thread count), so set and used here alike."""
-        most = torch.get_num_threads()
+        """The block (one batch's search) on `count(rows)` threads, torch's setting given back after."""
         threads = self.count(rows)
-        if threads == most:
+        with on_threads(threads):
             yield threads
-            return
-        torch.set_num_threads(threads)
-        try:
-            yield threads
-        finally:
-            torch.set_num_threads(most)
+
+
+@contextlib.contextmanager
+def on_threads(n: int) -> Iterator[None]:
+    """The block on `n` threads, torch's setting given back after. torch's setting is the calling thread's
+    (OpenMP's per-thread count), so set and used here alike."""
+    most = torch.get_num_threads()
+    if n == most:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(most)
 
 
 def serving_threads(environ: dict | None = None, default: int | None = None) -> int:
