@@ -214,9 +214,8 @@ def read_model(
     from nmt.model import Transformer
 
     ckpt = load_checkpoint(path)
-    model = Transformer(ckpt.config.model, ckpt.vocab_size)
     try:
-        model.load_state_dict(ckpt.model_state)
+        model = Transformer.with_weights(ckpt.config.model, ckpt.vocab_size, ckpt.model_state)
     except RuntimeError as e:
         why = " ".join(str(e).split())[:160]  # torch's message spans lines: the error is one
         raise CheckpointError(f"{path}: weights do not fit the model it describes ({why})") from None

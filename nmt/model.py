@@ -42,10 +42,14 @@ CACHE_BLOCK = 8
 
 
 def sinusoidal_positions(length: int, d_model: int) -> Tensor:
-    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d))  (section 3.5)."""
-    pos = torch.arange(length, dtype=torch.float64).unsqueeze(1)  # (T, 1)
-    inv_freq = 10000.0 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)  # (D/2,)
-    pe = torch.empty(length, d_model, dtype=torch.float64)
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d))  (section 3.5).
+
+    On the CPU always, also where a model is built on the meta device (Transformer.with_weights): the
+    table is no weight, so it is not loaded but computed, and the module moves it with the model."""
+    cpu = torch.device("cpu")
+    pos = torch.arange(length, dtype=torch.float64, device=cpu).unsqueeze(1)  # (T, 1)
+    inv_freq = 10000.0 ** (-torch.arange(0, d_model, 2, dtype=torch.float64, device=cpu) / d_model)  # (D/2,)
+    pe = torch.empty(length, d_model, dtype=torch.float64, device=cpu)
     pe[:, 0::2] = torch.sin(pos * inv_freq)
     pe[:, 1::2] = torch.cos(pos * inv_freq)
     return pe.float()
@@ -246,10 +250,14 @@ class DecoderState:
 class Transformer(nn.Module):
     """Encoder-decoder with one embedding matrix for source, target and the output projection (3.4)."""
 
-    def __init__(self, cfg: ModelConfig, vocab_size: int):
+    def __init__(self, cfg: ModelConfig, vocab_size: int, initialise: bool = True):
+        """`initialise` False: the weights are left as allocated, for `with_weights` to assign."""
         super().__init__()
         self.cfg, self.vocab_size = cfg, vocab_size
-        self.embed = nn.Embedding(vocab_size, cfg.d_model, padding_idx=PAD)
+        # an embedding given its weight skips its own N(0, 1) draw (on the meta device, torch's draw
+        # imports its compiler: a second and 70 MiB)
+        weight = None if initialise else torch.empty(vocab_size, cfg.d_model)
+        self.embed = nn.Embedding(vocab_size, cfg.d_model, padding_idx=PAD, _weight=weight)
         self.register_buffer(
             "positions", sinusoidal_positions(cfg.max_positions, cfg.d_model), persistent=False
         )
@@ -264,7 +272,22 @@ class Transformer(nn.Module):
         # Inference only: the output projection (weights and bias) in a CPU kernel's own layout, int8
         # (nmt.translate.int8) or prepacked fp32 (nmt.translate.prepacked): `compile_output`
         self.output_kernel: nn.Module | None = None
-        self.reset_parameters()
+        if initialise:
+            self.reset_parameters()
+
+    @classmethod
+    def with_weights(cls, cfg: ModelConfig, vocab_size: int, state: dict[str, Tensor]) -> Transformer:
+        """A model whose parameters are `state`'s tensors themselves (a checkpoint's, just read): built
+        on the meta device, so that no random initialisation runs and no second copy of the weights is
+        made. Loading a wmt14 big model so took 4.2-4.4 s, its peak memory twice its 817 MiB of weights
+        (benchmarks/RESULTS.md). A tensor of another dtype than its parameter's is converted, as
+        load_state_dict's copy would; names and shapes are load_state_dict's to check (RuntimeError)."""
+        with torch.device("meta"):
+            model = cls(cfg, vocab_size, initialise=False)
+        expected = model.state_dict()
+        state = {k: v.to(expected[k].dtype) if k in expected else v for k, v in state.items()}
+        model.load_state_dict(state, assign=True)
+        return model
 
     @property
     def members(self) -> list[Transformer]:

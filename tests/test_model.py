@@ -43,6 +43,29 @@ def test_embeddings_are_scaled_by_sqrt_d_and_shared_with_the_output_projection()
     assert sum(p is model.embed.weight for p in model.parameters()) == 1
 
 
+def test_a_model_given_its_weights_holds_them_and_computes_as_one_loaded_by_copy():
+    ref = tiny_model(seed=3)
+    state = {k: v.clone() for k, v in ref.state_dict().items()}
+    state["embed.weight"] = state["embed.weight"].double()  # another dtype: converted, as a copy would be
+    rng = torch.get_rng_state()
+    model = Transformer.with_weights(ref.cfg, 40, state).eval()
+    assert torch.equal(torch.get_rng_state(), rng)  # no random initialisation ran
+    # the state's own tensors: a large model's weights are not held twice while it loads
+    fc1 = model.encoder[0].ffn.fc1.weight
+    assert fc1.data_ptr() == state["encoder.0.ffn.fc1.weight"].data_ptr() and fc1.requires_grad
+    assert model.embed.weight.dtype == torch.float32
+    assert all(t.device.type == "cpu" for t in [*model.parameters(), *model.buffers()])
+    assert torch.equal(model.positions, ref.positions)
+    src, tgt = torch.tensor([[5, 6, 7, 2], [8, 9, 2, PAD]]), torch.tensor([[1, 5, 6], [1, 7, PAD]])
+    assert torch.equal(model(src, tgt), ref(src, tgt))
+    # names and shapes are checked as by a copy
+    with pytest.raises(RuntimeError, match="Missing key"):
+        missing = {k: v for k, v in state.items() if k != "encoder.0.ffn.fc1.bias"}
+        Transformer.with_weights(ref.cfg, 40, missing)
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        Transformer.with_weights(ref.cfg, 40, {**state, "encoder.0.ffn.fc1.weight": torch.zeros(3, 3)})
+
+
 def test_attention_heads_follow_d_model_over_h():
     model = tiny_model()
     attn = model.encoder[0].self_attn

@@ -242,6 +242,8 @@ def wrong_shape(p: dict) -> None:
     [
         (set_nan, "model."),
         (wrong_shape, "weights do not fit"),
+        (lambda p: p["model"].pop(next(iter(p["model"]))), "weights do not fit"),
+        (lambda p: p["model"].update(extra=torch.zeros(2)), "weights do not fit"),
         (lambda p: p.pop("vocab_size"), "vocab_size"),
         (lambda p: p.update(vocab_size="twenty"), "vocab_size"),
         (lambda p: p.update(config=[1, 2]), "config"),
