@@ -237,6 +237,16 @@ def wrong_shape(p: dict) -> None:
     p["model"][name] = torch.zeros(3, 3)
 
 
+def a_weight_as(make):
+    """A change that replaces a matrix of the checkpoint by make(matrix)."""
+
+    def change(p: dict) -> None:
+        name = next(k for k, v in p["model"].items() if v.dim() == 2)
+        p["model"][name] = make(p["model"][name])
+
+    return change
+
+
 @pytest.mark.parametrize(
     "change, field",
     [
@@ -244,6 +254,13 @@ def wrong_shape(p: dict) -> None:
         (wrong_shape, "weights do not fit"),
         (lambda p: p["model"].pop(next(iter(p["model"]))), "weights do not fit"),
         (lambda p: p["model"].update(extra=torch.zeros(2)), "weights do not fit"),
+        # types torch.load reads that no check or operator of a model takes (each was a traceback)
+        (a_weight_as(lambda w: w.to(torch.float8_e4m3fn)), "float8_e4m3fn, not float16"),
+        (a_weight_as(lambda w: w.to(torch.int32)), "int32, not float16"),
+        (a_weight_as(lambda w: w.to(torch.complex64)), "complex64, not float16"),
+        (a_weight_as(lambda w: w.to_sparse()), "sparse_coo tensor, not a dense one"),
+        (lambda p: p.update(subword=p["subword"].to_sparse()), "subword"),
+        (lambda p: p.update(shortlist={"frequent": torch.tensor([4]).to_sparse()}), "shortlist.frequent"),
         (lambda p: p.pop("vocab_size"), "vocab_size"),
         (lambda p: p.update(vocab_size="twenty"), "vocab_size"),
         (lambda p: p.update(config=[1, 2]), "config"),

@@ -17,6 +17,7 @@ from pathlib import Path
 import sentencepiece as spm
 import torch
 
+from nmt.checkpoint import all_finite, dense
 from nmt.config import MODEL_LIMITS
 from nmt.errors import NmtError
 
@@ -208,15 +209,15 @@ def tensor_shapes(weights: dict, path: Path) -> dict[str, tuple[tuple[int, ...],
     names = {torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32", torch.float64: "F64"}
     found = {}
     for name, tensor in weights.items():
-        if not isinstance(name, str) or not isinstance(tensor, torch.Tensor):
-            raise NmtError(f"{path}: weight {short(name)}: not a named tensor")
+        if not isinstance(name, str) or not dense(tensor):
+            raise NmtError(f"{path}: weight {short(name)}: not a named dense tensor")
         found[name] = (tuple(tensor.shape), names.get(tensor.dtype, str(tensor.dtype)))
     return found
 
 
 def check_finite(weights: dict[str, torch.Tensor], path: Path) -> None:
     for name, tensor in weights.items():
-        if not bool(torch.isfinite(tensor).all()):
+        if not all_finite(tensor):
             raise NmtError(f"{path}: weight {name} holds NaN or infinite values")
 
 
