@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -295,32 +295,37 @@ def average_checkpoints(paths: list[Path], output: Path, shortlist: bool = True)
     first = last = None
     lists: list[dict[str, Tensor] | None] = []
     for path in paths:
+        # One input in memory at a time, with the sum: a step file carries its optimizer's state too,
+        # twice the weights with Adam, and three base-size ones took 2 GiB at the peak when the first
+        # and its sum's addends stayed alive (benchmarks/RESULTS.md).
+        last = None
         last = load_checkpoint(path)
         lists.append(last.shortlist)
         if first is None:
-            first = last
-            total = {
-                k: v.double().clone() if v.is_floating_point() else v for k, v in last.model_state.items()
-            }
+            # what the others are compared with: the first's weights' names, shapes and types (meta)
+            meta = {k: v.to("meta") for k, v in last.model_state.items()}
+            first = replace(last, model_state=meta, train_state=None)
+            # every weight is floating-point (weight_problem); the sum in float64, a copy in any case
+            total = {k: v.to(torch.float64, copy=True) for k, v in last.model_state.items()}
             continue
         same_as(path, last, paths[0], first)
-        for k, v in last.model_state.items():
-            if v.is_floating_point():
-                total[k] += v.double()
-    assert total is not None and last is not None
-    averaged = {
-        k: (v / len(paths)).to(last.model_state[k].dtype) if v.is_floating_point() else v
-        for k, v in total.items()
-    }
+        for k, v in total.items():
+            v += last.model_state[k]  # in float64, converted element by element: no float64 copy
+    assert total is not None and last is not None and first is not None
+    config, subword_proto, vocab_size = last.config, last.subword_proto, last.vocab_size
+    last = None  # its weights and optimizer state are summed: the mean is made in their place
+    averaged = {}
+    for k in list(total):  # a weight at a time out of the sum, which shrinks as the mean grows
+        averaged[k] = total.pop(k).div_(len(paths)).to(first.model_state[k].dtype)
     kept, note = shared_shortlist(paths, lists) if shortlist else (None, None)
     if not shortlist and any(x is not None for x in lists):
         note = "left out the shortlist of the inputs (--no-shortlist)"
     save_checkpoint(
         output,
         model_state=averaged,
-        config=last.config,
-        subword_proto=last.subword_proto,
-        vocab_size=last.vocab_size,
+        config=config,
+        subword_proto=subword_proto,
+        vocab_size=vocab_size,
         shortlist=kept,
     )
     return note

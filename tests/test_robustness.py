@@ -195,6 +195,32 @@ def test_average_accepts_only_checkpoints_of_one_model(made, tmp_path):
     assert not (tmp_path / "a.pt").exists()
 
 
+def test_average_holds_one_input_at_a_time_and_is_the_mean(made, tmp_path, monkeypatch):
+    import weakref
+
+    import nmt.checkpoint
+
+    paths = []
+    for i in range(3):
+        state = {k: v + 0.25 * i for k, v in made["state"].items()}
+        paths.append(save(tmp_path / f"step-{i}.pt", state, made["cfg"], made["subword"].proto))
+    alive, read = [], nmt.checkpoint.load_checkpoint
+
+    def tracked(path: Path):
+        # a step file carries its optimizer's state too: no earlier input may still be in memory
+        assert all(ref() is None for ref in alive), f"an input before {path.name} is still held"
+        ckpt = read(path)
+        alive.extend(weakref.ref(v) for v in ckpt.model_state.values())
+        return ckpt
+
+    monkeypatch.setattr(nmt.checkpoint, "load_checkpoint", tracked)
+    nmt.checkpoint.average_checkpoints(paths, tmp_path / "a.pt")
+    averaged = read(tmp_path / "a.pt").model_state
+    for k, v in made["state"].items():  # the inputs' weights summed in float64, in order, over 3
+        expected = (v.double() + (v + 0.25).double() + (v + 0.5).double()) / 3
+        assert torch.equal(averaged[k], expected.to(v.dtype)), k
+
+
 def test_average_refuses_other_shapes_with_one_line(made, tmp_path):
     shaped = {k: v.clone() for k, v in made["state"].items()}
     key = next(k for k, v in shaped.items() if v.dim() == 2)
