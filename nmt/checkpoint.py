@@ -295,9 +295,10 @@ def average_checkpoints(paths: list[Path], output: Path, shortlist: bool = True)
     first = last = None
     lists: list[dict[str, Tensor] | None] = []
     for path in paths:
-        # One input in memory at a time, with the sum: a step file carries its optimizer's state too,
-        # twice the weights with Adam, and three base-size ones took 2 GiB at the peak when the first
-        # and its sum's addends stayed alive (benchmarks/RESULTS.md).
+        # One input in memory at a time, with the sum: five base-size step files took 1.2 GiB at the
+        # peak when the first stayed whole and every addend was copied to float64, and an input that
+        # carries its optimizer's state (last.pt, twice the weights more with Adam) holds that too
+        # (benchmarks/RESULTS.md).
         last = None
         last = load_checkpoint(path)
         lists.append(last.shortlist)

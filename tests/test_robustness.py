@@ -207,7 +207,7 @@ def test_average_holds_one_input_at_a_time_and_is_the_mean(made, tmp_path, monke
     alive, read = [], nmt.checkpoint.load_checkpoint
 
     def tracked(path: Path):
-        # a step file carries its optimizer's state too: no earlier input may still be in memory
+        # no earlier input may still be in memory (last.pt carries its optimizer's state too)
         assert all(ref() is None for ref in alive), f"an input before {path.name} is still held"
         ckpt = read(path)
         alive.extend(weakref.ref(v) for v in ckpt.model_state.values())
