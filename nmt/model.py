@@ -279,9 +279,10 @@ class Transformer(nn.Module):
     def with_weights(cls, cfg: ModelConfig, vocab_size: int, state: dict[str, Tensor]) -> Transformer:
         """A model whose parameters are `state`'s tensors themselves (a checkpoint's, just read): built
         on the meta device, so that no random initialisation runs and no second copy of the weights is
-        made. Loading a wmt14 big model so took 4.2-4.4 s, its peak memory twice its 817 MiB of weights
-        (benchmarks/RESULTS.md). A tensor of another dtype than its parameter's is converted, as
-        load_state_dict's copy would; names and shapes are load_state_dict's to check (RuntimeError)."""
+        made. Built the other way (initialised, then copied into), a wmt14 big model took 3.4-3.8 s to
+        load and twice its 817 MiB of weights at the peak (benchmarks/RESULTS.md). A tensor of another
+        dtype than its parameter's is converted, as load_state_dict's copy would; names and shapes are
+        load_state_dict's to check (RuntimeError)."""
         with torch.device("meta"):
             model = cls(cfg, vocab_size, initialise=False)
         expected = model.state_dict()
