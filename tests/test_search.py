@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nmt.config import ModelConfig
 from nmt.model import CACHE_BLOCK, Transformer
@@ -13,12 +15,14 @@ from nmt.translate.search import (
     BOS,
     EOS,
     PAD,
+    TOP_K_BLOCK,
     beam_search,
     best_possible,
     greedy_search,
     length_penalty,
     max_output_lengths,
     select_live,
+    top_k,
 )
 
 UNK, A, B = 1, 4, 5
@@ -100,6 +104,41 @@ def test_scripted_beam_finds_exact_hypotheses_and_scores():
     (hyps,) = beam_search(model, SRC, beam=2, lenpen=0.0, max_len_a=1.0, max_len_b=10, nbest=2)
     assert [h.tokens for h in hyps] == [[A], [B, B]]
     assert [h.score for h in hyps] == pytest.approx([SHORT, LONG], abs=1e-12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=st.integers(0, 3),
+    blocks=st.integers(0, 40),
+    tail=st.integers(0, TOP_K_BLOCK - 1),
+    n=st.integers(1, 8),
+    levels=st.sampled_from([2, 5, 1000, 0]),  # few distinct values: ties everywhere; 0: continuous
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_top_k_takes_exactly_torchs_top_values(rows, blocks, tail, n, levels, seed):
+    """The blockwise top-k against torch.topk: the same values best first, at distinct indices that hold
+    them, whatever the width (ragged tails, too few blocks), ties and -inf (masked tokens)."""
+    width = max(blocks * TOP_K_BLOCK + tail, n)
+    gen = torch.Generator().manual_seed(seed)
+    if levels:
+        x = torch.randint(0, levels, (rows, width), generator=gen).float().neg()
+    else:
+        x = torch.randn(rows, width, generator=gen)
+    x[torch.rand(rows, width, generator=gen) < 0.3] = -math.inf
+    values, indices = top_k(x, n)
+    expected = x.topk(n, dim=1).values
+    assert torch.equal(values, expected)
+    assert torch.equal(x.gather(1, indices), values)
+    for row in indices.tolist():
+        assert len(set(row)) == n
+
+
+def test_top_k_is_the_same_row_alone_and_in_a_batch():
+    x = torch.randn(9, 4 * 8000, generator=torch.Generator().manual_seed(1)).log_softmax(1)
+    values, indices = top_k(x, 8)
+    for i in range(len(x)):
+        one = top_k(x[i : i + 1], 8)
+        assert torch.equal(one[0], values[i : i + 1]) and torch.equal(one[1], indices[i : i + 1])
 
 
 def test_length_penalty_flips_the_ranking():

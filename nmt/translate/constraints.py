@@ -49,6 +49,7 @@ from nmt.translate.search import (
     score_dtype,
     step_log_probs,
     token_masks,
+    top_k,
 )
 
 
@@ -374,7 +375,7 @@ def constrained_beam_search(
         beam_of = torch.arange(width, device=dev)
         flat = torch.cat(
             [
-                cand.topk(2 * k, dim=1).indices,
+                top_k(cand, 2 * k)[1],
                 beam_of * vocab + best_tokens,
                 beam_of.repeat_interleave(n_paths) * vocab + wanted,
             ],
