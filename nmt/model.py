@@ -68,7 +68,14 @@ def padding_mask(tokens: Tensor) -> Tensor:
 def attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
     """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k) + bias) V  (3.2.1), written out for decoding steps:
     with a query or a beam's few per row, torch's fused kernel (F.scaled_dot_product_attention) took 2-5x
-    longer than these three products on a batch of sentences (benchmarks/RESULTS.md); `bias` is 0 or -inf."""
+    longer than these three products on a batch of sentences (benchmarks/RESULTS.md); `bias` is 0 or -inf.
+
+    Except in bfloat16 on the CPU, where torch multiplies through oneDNN, which builds and caches a kernel
+    for every new shape, and a step's shapes change with every position and batch: 1,000 lines of the demo
+    model took 1,099 MiB against 472 through the fused kernel, which is also faster there (AMX Xeon,
+    benchmarks/RESULTS.md, 2026-11-27 19:12)."""
+    if q.dtype == torch.bfloat16 and q.device.type == "cpu":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
     scores = torch.matmul(q, k.transpose(-1, -2)).mul_(q.shape[-1] ** -0.5)  # (B, H, Tq, Tk)
     if bias is not None:
         scores.add_(bias)

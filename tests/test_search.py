@@ -340,6 +340,18 @@ def test_a_batch_translates_like_one_sentence_at_a_time(beam):
         assert [h.score for h in hyps] == pytest.approx([h.score for h in alone], rel=1e-9)
 
 
+@pytest.mark.parametrize("beam", [1, 4])
+def test_bf16_on_the_cpu_translates_a_batch_like_one_sentence_at_a_time(beam):
+    """`--dtype bf16` on the CPU: its step attention runs torch's fused kernel (nmt.model.attention), its
+    products oneDNN's bf16 ones; a sentence's hypotheses and scores must be the same bits in any batch."""
+    model, sources = random_model(3).to(torch.bfloat16), random_sources(3, 7)
+    batched = beam_search(model, pad(sources), beam, 0.6, 1.0, 6, nbest=beam)
+    assert any(len(h.tokens) > 1 for hyps in batched for h in hyps)  # searched, not ended at once
+    for src, hyps in zip(sources, batched, strict=True):
+        (alone,) = beam_search(model, pad([src]), beam, 0.6, 1.0, 6, nbest=beam)
+        assert [(h.tokens, h.score) for h in hyps] == [(h.tokens, h.score) for h in alone]
+
+
 def test_nbest_are_distinct_and_best_first():
     model, sources = random_model(4), random_sources(4, 5)
     for hyps in beam_search(model, pad(sources), 4, 0.6, 1.0, 6, nbest=4):
