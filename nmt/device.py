@@ -86,15 +86,14 @@ def inference_dtype(precision: Precision, device: torch.device) -> torch.dtype:
 def inference_choice(precision: Precision, device: torch.device) -> str:
     """Why `--dtype auto` chose what it did for translation, a clause for the log; "" where the user chose.
 
-    On the CPU auto keeps float32 also where bf16 is native (AMX, AVX-512 BF16): there it was 1.15x
-    float32's speed on files with AMX, but 1.6x its one-sentence latency and 346 MiB more memory, and its
-    translations differ from the float32 ones validation scored (benchmarks/RESULTS.md, "int8 kernels and
-    bf16 on a CPU with AMX"). `--dtype bf16` asks for it.
+    On the CPU auto keeps float32 also where bf16 is native (AMX, AVX-512 BF16). On a Xeon with AMX bf16
+    was 1.36-1.53x float32's speed on files, about its one-sentence latency, 0.08 BLEU below it on the
+    demo test set and 112-130 MiB above its memory (benchmarks/RESULTS.md, 2026-11-27 19:12), but it has
+    not been measured on AVX-512 BF16 without AMX, and its translations differ from the float32 ones
+    validation scored. `--dtype bf16` asks for it.
     """
     if precision is not Precision.AUTO or device.type != "cpu":
         return ""
     if cpu_bf16_native():
-        return (
-            "the default on the CPU (bf16, native here, took 1.6x fp32's one-sentence latency: --dtype bf16)"
-        )
+        return "the default on the CPU (bf16, native here, translates unlike validation's fp32: --dtype bf16)"
     return "the default on a CPU without native bf16 (AVX-512 BF16 or AMX)"
