@@ -259,7 +259,7 @@ def top_k(x: Tensor, n: int) -> tuple[Tensor, Tensor]:
     if x.device.type != "cpu" or blocks <= 2 * n:
         return x.topk(n, dim=1)
     main = blocks * TOP_K_BLOCK
-    tiled = x[:, :main].view(b, blocks, TOP_K_BLOCK)
+    tiled = x[:, :main].reshape(b, blocks, TOP_K_BLOCK)  # a view wherever rows are contiguous
     chosen = tiled.amax(dim=2).topk(n, dim=1).indices  # (B, n) the blocks that hold the top n
     pool = tiled.gather(1, chosen[:, :, None].expand(-1, -1, TOP_K_BLOCK)).view(b, n * TOP_K_BLOCK)
     if main < width:  # the tail, fewer than a block's elements, is always looked at
