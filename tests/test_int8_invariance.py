@@ -13,10 +13,13 @@ from nmt.config import DecodeConfig, Precision
 from nmt.model import Transformer
 from nmt.translate import Translator, inference_model
 from nmt.translate.int8 import (
+    ALL_ROWS,
     KERNELS,
+    ONEDNN_EXACT_SUMS,
     PROBE_ROWS,
     Int8Linear,
     _row_integers,
+    _shifted_sums,
     kernel,
     quantize_int8,
     weight_bits,
@@ -111,6 +114,32 @@ def test_the_kernel_chosen_by_rows_gives_the_same_bits_on_both_sides_of_its_cros
         assert (union.product.many is None) == (few_rows >= 1)
         assert torch.equal(union(x), alone[:, :64])
         assert union.product.many is not None
+
+
+def test_a_map_whose_sums_onednn_would_round_stays_on_int_mm_for_every_row_count():
+    """oneDNN's kernel for many rows sums q + 128 and is exact only below 2^24; weights that let that sum
+    pass it (a 1,040-wide map, rows all +-127, as a wmt14 big model's 4,096-wide maps may) are multiplied
+    by _int_mm for every row count, so the rows that reach such sums are the same alone and in a batch."""
+    by_rows = next((p.values[0][0] for p in runnable() if p.id == "int_mm+onednn"), None)
+    if by_rows is None:
+        pytest.skip("int_mm and oneDNN are not both exact with 8 bits here (no VNNI, or AVX2 forced)")
+    gen = torch.Generator().manual_seed(0)
+    width = 1040
+    weight = torch.randn(64, width, generator=gen)
+    weight[0], weight[1] = 1.0, -1.0  # integers all +127, all -127
+    x = torch.randn(300, width, generator=gen)
+    x[:, :4] = 127.0  # each row's scale set by its first inputs; q + 128 of the others around 128
+    assert _shifted_sums(by_rows(weight[2:], torch.zeros(62), 8).integers()) < ONEDNN_EXACT_SUMS
+    with torch.inference_mode():
+        int8 = Int8Linear(weight, None, product=by_rows(weight, torch.zeros(64), 8))
+        assert _shifted_sums(int8.product.integers()) >= ONEDNN_EXACT_SUMS
+        assert int8.product.few_rows == ALL_ROWS and int8.product.many is None
+        alone = torch.cat([int8(x[i : i + 1]) for i in range(len(x))])
+        assert torch.equal(int8(x), alone)
+        q, scale = _row_integers(x)
+        assert scale.eq(1).all()  # so the output is the exact sums times the weights' scales
+        exact = (q.long() @ int8.product.integers().long().t()).float()
+        assert torch.equal(alone, exact.mul_(int8.product.scales))
 
 
 def test_a_union_of_output_rows_gives_the_full_maps_numbers(each_kernel):

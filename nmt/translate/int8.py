@@ -19,6 +19,8 @@ The product: the first of KERNELS that `kernel` finds exact on this CPU, once.
 - torch._int_mm for a few rows and oneDNN's quantized inner product for more (both below; `_ByRows`),
   where both are exact with 8 bits (VNNI, AMX): their integer sums are exact and their scaling the same
   code's, so they give the same bits and can split the work by row count, at a crossover timed here.
+  oneDNN's sums are exact only below 2^24 (ONEDNN_EXACT_SUMS): a map whose weights could pass that runs
+  on _int_mm alone.
 - fbgemm's dynamic quantized linear over prepacked weights (torch.ops.quantized.linear_dynamic), given
   each row divided by its own max |x_ri| and two more columns, +1 and -1, against zero weights: every
   call then spans exactly [-1, 1], so the one activation scale fbgemm takes over a call is the same for
@@ -51,6 +53,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 import time
 import warnings
 
@@ -315,6 +318,25 @@ def _few_rows(out_power: int, in_features: int, threads: int) -> int:
     return rows
 
 
+# oneDNN's u8 kernel for 8 rows and more sums q + 128 against the weights and takes 128 sum_i W_oi off after,
+# exactly only while that shifted sum stays below 2^24 (float32's integers): where the weights let it pass
+# that, the kernel's result was 1 off in the last place for such rows (2026-11-27, AMX), where its one-row
+# kernel and _int_mm were exact, and a row's output would depend on its batch.
+ONEDNN_EXACT_SUMS = 1 << 24
+ALL_ROWS = sys.maxsize  # `_ByRows.few_rows` of a map multiplied by _int_mm alone
+
+
+def _shifted_sums(weight: Tensor) -> int:
+    """The largest |sum_i u_i W_oi| over u_i in [1, 255] (q + 128) for (out, in) int8 weights: 255 times one
+    sign's integers less the other sign's. The demo model's widest maps (1,024 inputs) reach 6.2M, a third
+    of 2^24; a wmt14 big model's (4,096) may pass it."""
+    positive = weight.clamp(min=0).sum(dim=1, dtype=torch.int64)
+    negative = weight.clamp(max=0).sum(dim=1, dtype=torch.int64).neg_()
+    if not len(weight):
+        return 0
+    return int(torch.maximum(255 * positive - negative, 255 * negative - positive).max())
+
+
 class _ByRows(_RowQuantized):
     """torch._int_mm for a few rows, oneDNN's prepacked kernel for more: the same integers, and the same
     float32 results to the bit whichever multiplies (`exact_with` checks it here), so a row's output still
@@ -337,7 +359,9 @@ class _ByRows(_RowQuantized):
         # oneDNN's copy: `ready`, or when more rows first come. A shortlist's union, built for every batch,
         # is multiplied by one sentence's few rows alone, and prepacking it cost more than a whole step.
         self.many: _OneDNN | None = None
-        if few_rows is None:
+        if _shifted_sums(weight) >= ONEDNN_EXACT_SUMS:  # oneDNN may be off for some rows: _int_mm for all
+            few_rows = ALL_ROWS
+        elif few_rows is None:
             few_rows = _few_rows((len(weight) - 1).bit_length(), weight.shape[1], torch.get_num_threads())
         self.few_rows = few_rows
 
@@ -345,7 +369,8 @@ class _ByRows(_RowQuantized):
         return self.few.integers()
 
     def ready(self) -> None:
-        if self.many is None:  # two threads of `nmt serve` may both build it: the same weights, one kept
+        # two threads of `nmt serve` may both build it: the same weights, one kept
+        if self.many is None and self.few_rows < ALL_ROWS:
             many = _OneDNN.__new__(_OneDNN)
             many.prepare(self.integers(), self.scales)
             self.many = many
