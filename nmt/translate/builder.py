@@ -233,9 +233,9 @@ def ctranslate2_translator(
 
 def inference_model(model, precision: Precision, device: torch.device, prepack: bool = True):
     """The model (or each member of an Ensemble) in `precision`: a torch dtype (nmt.device.inference_dtype),
-    or int8 weights on the CPU (nmt.translate.int8). In float32 on the CPU the decoder's weights are
-    prepacked for oneDNN (nmt.translate.prepacked) unless `prepack` is off. `precision` is parsed already,
-    where the name was read (build_translator, or the CLI)."""
+    or int8 weights on the CPU (nmt.translate.int8). In float32 or bfloat16 on the CPU the decoder's
+    weights are prepacked for oneDNN (nmt.translate.prepacked) unless `prepack` is off. `precision` is
+    parsed already, where the name was read (build_translator, or the CLI)."""
     int8 = precision is Precision.INT8
     if int8 and device.type != "cpu":
         raise NmtError(f"--dtype int8 runs on the CPU, not {device}: add --device cpu")
@@ -248,7 +248,7 @@ def inference_model(model, precision: Precision, device: torch.device, prepack: 
             from nmt.translate.int8 import quantize_int8
 
             quantize_int8(member)
-        elif prepack and device.type == "cpu" and torch_dtype == torch.float32:
+        elif prepack and device.type == "cpu":
             from nmt.translate.prepacked import prepack_decoder
 
             prepack_decoder(member)

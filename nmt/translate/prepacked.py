@@ -1,4 +1,4 @@
-"""fp32 decoding on the CPU with the decoder's weights prepacked once for oneDNN's inner product.
+"""fp32 and bf16 decoding on the CPU with the decoder's weights prepacked once for oneDNN's inner product.
 
 A decoder step multiplies a few rows (sentences x beam: 4 for one sentence at beam 4) by every weight
 matrix of the decoder and by the tied (vocabulary x d_model) output projection (3.4). At that shape
@@ -20,6 +20,11 @@ batch. One exception was measured: on an Intel Xeon with AMX (torch 2.11, 2026-1
 for a single row summed in another order than its kernels for more rows at two threads (not at one), so
 where `available` finds that, a single row is multiplied as two (`least_rows`). They may differ from
 F.linear's in the last bits (a relative 1e-6 to 1e-5: another summation order), as two BLAS libraries do.
+
+bf16 weights (`--dtype bf16`, and `auto` on a CPU with AMX) are prepacked the same way, where the probe
+passes in bf16. F.linear in bf16 also goes to oneDNN, but reorders the weights at every call and builds a
+kernel for every row count it meets: 1,000 test lines of the demo model peaked at 731 MiB in bf16
+against fp32's 601 (AMX Xeon, benchmarks/RESULTS.md, 2026-11-27 19:12).
 """
 
 from __future__ import annotations
@@ -98,7 +103,7 @@ class PrepackedLinear(nn.Module):
         self.packed = _pack(weight)
         self.bias = None if bias is None else bias.detach().contiguous()
         self.activation = activation
-        self.least = least if least is not None else least_rows() or 1  # rows multiplied at least
+        self.least = least if least is not None else least_rows(weight.dtype) or 1  # rows multiplied at least
 
     def forward(self, x: Tensor) -> Tensor:
         y = in_row_buckets(x.reshape(-1, self.in_features), self.product, self.least)  # (M, out)
@@ -123,18 +128,24 @@ class PrepackedLinear(nn.Module):
 PROBE_ROWS = (1, 2, 3, 4, 8, 64, 256)
 
 
+# How close to F.linear's a prepacked product must be, by dtype: another summation order in float32; in
+# bf16 the output's rounding (2^-8 relative) of sums whose order differs
+CLOSE = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
+
+
 @functools.cache
-def least_rows() -> int | None:
-    """The fewest rows a product runs at: 1, or 2 where oneDNN's kernel for one row gives it other bits
-    than among other rows (and two rows do not); None where the operators are missing, disagree with
-    F.linear, or give a row other bits at another of PROBE_ROWS. Checked on one thread and on torch's
+def least_rows(dtype: torch.dtype = torch.float32) -> int | None:
+    """The fewest rows a product in `dtype` runs at: 1, or 2 where oneDNN's kernel for one row gives it
+    other bits than among other rows (and two rows do not); None where the operators are missing, disagree
+    with F.linear, or give a row other bits at another of PROBE_ROWS. Checked on one thread and on torch's
     setting (a batch's search runs on either: nmt.translate.threads)."""
-    if not torch.backends.mkldnn.is_available():
+    if not torch.backends.mkldnn.is_available() or dtype not in CLOSE:
         return None
     try:
         gen = torch.Generator().manual_seed(0)
         weight, bias = torch.randn(512, 256, generator=gen) / 16, torch.randn(512, generator=gen)
         x = torch.randn(300, 256, generator=gen)
+        weight, bias, x = weight.to(dtype), bias.to(dtype), x.to(dtype)
         linear, fused = PrepackedLinear(weight, bias, least=1), PrepackedLinear(weight, bias, "relu", least=1)
         one_row = True
         with torch.inference_mode():
@@ -148,17 +159,20 @@ def least_rows() -> int | None:
             same_relu = torch.equal(fused.product(x), F.relu(full)) and torch.equal(
                 fused.product(x[:4]), F.relu(full[:4])
             )
-        close = torch.allclose(full, F.linear(x, weight, bias), rtol=1e-4, atol=1e-4)
+        tolerance = CLOSE[dtype]
+        close = torch.allclose(
+            full.float(), F.linear(x, weight, bias).float(), rtol=tolerance, atol=tolerance
+        )
         return (1 if one_row else 2) if same_relu and close else None
     except (AttributeError, RuntimeError, NotImplementedError):
         return None
 
 
-def available() -> bool:
-    """Whether this torch has the operators, they agree with F.linear, and a row's result is the same alone
-    and among other rows (`least_rows`): on a CPU whose kernels differ there, prepacking would make
-    translations depend on the batch, so the model keeps F.linear."""
-    return least_rows() is not None
+def available(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether this torch has the operators in `dtype`, they agree with F.linear, and a row's result is the
+    same alone and among other rows (`least_rows`): on a CPU whose kernels differ there, prepacking would
+    make translations depend on the batch, so the model keeps F.linear."""
+    return least_rows(dtype) is not None
 
 
 def _applied(x: Tensor) -> Tensor:
@@ -167,11 +181,12 @@ def _applied(x: Tensor) -> Tensor:
 
 
 def prepack_decoder(model: nn.Module) -> bool:
-    """The decoder's linear maps and the output projection of a float32 Transformer on the CPU, prepacked
-    in place for inference (nothing here can be trained or saved). False, and the model unchanged, where
-    it is not float32 on the CPU or this torch lacks working operators."""
+    """The decoder's linear maps and the output projection of a float32 or bfloat16 Transformer on the CPU,
+    prepacked in place for inference (nothing here can be trained or saved). False, and the model
+    unchanged, where it is another dtype or not on the CPU, or this torch lacks working operators in its
+    dtype."""
     param = model.embed.weight
-    if param.device.type != "cpu" or param.dtype != torch.float32 or not available():
+    if param.device.type != "cpu" or not available(param.dtype):
         return False
     model.eval()
     for ffn in list(model.decoder.modules()):
