@@ -268,7 +268,8 @@ DtypeOpt = Annotated[
     Precision,
     typer.Option(
         case_sensitive=False,
-        help="auto (bf16 on a CUDA GPU that has it, else fp32), fp32, bf16, fp16, or int8 (CPU: 8-bit "
+        help="auto (bf16 on a CUDA GPU or CPU that multiplies it natively: AMX, AVX-512 BF16; else fp32), "
+        "fp32, bf16, fp16, or int8 (CPU: 8-bit "
         "weights, faster; translations may differ a little from fp32's). With --engine ctranslate2: its "
         "compute type of that name, where CTranslate2 has it on the device.",
     ),

@@ -12,11 +12,12 @@ from typer.testing import CliRunner
 
 from nmt.cli import app
 from nmt.config import Precision
-from nmt.device import cpu_bf16_native
+from nmt.device import cpu_bf16_native, resolve_dtype
 from nmt.errors import NmtError
 from nmt.model import Transformer
 from nmt.translate import int8
 from nmt.translate.int8 import Int8Linear, quantize_int8
+from nmt.translate.prepacked import available as prepacked_available
 
 from .synthetic import make_config, translate_summary
 
@@ -88,8 +89,8 @@ def translate(model: Path, source: Path, *options: str) -> list[str]:
 
 def test_the_log_says_what_the_products_run_in_and_why(synthetic_run: Path):
     """The summary line of `nmt translate`: int8's kernel and bits as the probe found them on this CPU,
-    and for --dtype auto why it kept fp32 (bf16 native here or not); nothing to explain for a choice
-    the user made."""
+    and for --dtype auto what it chose and why (bf16 with AMX, else fp32, and whether bf16 is native);
+    nothing to explain for a choice the user made."""
 
     def summary(*options: str) -> str:
         return translate_summary(synthetic_run, *options)
@@ -98,8 +99,14 @@ def test_the_log_says_what_the_products_run_in_and_why(synthetic_run: Path):
     assert f"device cpu, int8, by {kernel.name} with {bits}-bit " in summary("--dtype", "int8")
     native = cpu_bf16_native()
     auto = summary("--device", "cpu")
-    assert "float32 (decoder products prepacked for oneDNN), the default on " in auto
-    assert ("bf16, native here" in auto) == native and ("without native bf16" in auto) == (not native)
+    dtype = "bfloat16" if native else "float32"
+    packed = (
+        " (decoder products prepacked for oneDNN)"
+        if prepacked_available(resolve_dtype(Precision.AUTO, torch.device("cpu")))
+        else ""
+    )
+    assert f"device cpu, {dtype}{packed}, the default on a CPU " in auto
+    assert ("with native bf16 (" in auto) == native and ("without native bf16" in auto) == (not native)
     assert summary("--device", "cpu", "--dtype", "fp32").endswith("prepacked for oneDNN)")
 
 
