@@ -21,10 +21,11 @@ for a single row summed in another order than its kernels for more rows at two t
 where `available` finds that, a single row is multiplied as two (`least_rows`). They may differ from
 F.linear's in the last bits (a relative 1e-6 to 1e-5: another summation order), as two BLAS libraries do.
 
-bf16 weights (`--dtype bf16`, and `auto` on a CPU with AMX) are prepacked the same way, where the probe
-passes in bf16. F.linear in bf16 also goes to oneDNN, but reorders the weights at every call and builds a
-kernel for every row count it meets: 1,000 test lines of the demo model peaked at 731 MiB in bf16
-against fp32's 601 (AMX Xeon, benchmarks/RESULTS.md, 2026-11-27 19:12).
+bf16 weights (`--dtype bf16`, and `auto` on a CPU with native bf16: nmt.device) are prepacked the same
+way, where the probe passes in bf16. F.linear in bf16 also goes to oneDNN, but reorders the weights at
+every call and builds a kernel for every row count it meets: the demo model's 1,000 test lines peaked at
+731 MiB that way, 571-578 MiB prepacked (fp32: 584-631), and a sentence took 0.83x the time (AMX Xeon,
+benchmarks/RESULTS.md, 2026-11-27 21:30).
 """
 
 from __future__ import annotations
