@@ -118,6 +118,10 @@ def send(message: dict) -> None:
     sys.stdout.flush()
 
 
+class WorkerDied(SystemExit):
+    """An engine's process ended before answering (its error is on stderr above)."""
+
+
 class Worker:
     """The parent's handle on one engine's process."""
 
@@ -137,7 +141,7 @@ class Worker:
         self.proc.stdin.flush()
         reply = self.proc.stdout.readline()
         if not reply:
-            raise SystemExit(f"the {self.name} worker died (exit status {self.proc.wait()})")
+            raise WorkerDied(f"the {self.name} worker died (exit status {self.proc.wait()})")
         return json.loads(reply)
 
 
@@ -156,8 +160,17 @@ class Result:
 
 
 def measure(job: dict, engines: list[tuple[str, str, bool]], repeats: int, refs: list | None) -> list[Result]:
-    # Started one after another, each waited for: loading is not timed, and would share the CPU.
-    workers = [Worker(engine, compute, {**job, "shortlist": sl}) for engine, compute, sl in engines]
+    # Started one after another, each waited for: loading is not timed, and would share the CPU. An engine
+    # that cannot load here (CTranslate2 refuses bfloat16 on most CPUs) is left out and the others run;
+    # the first is the one the others are compared with, so it has to load.
+    workers = []
+    for engine, compute, sl in engines:
+        try:
+            workers.append(Worker(engine, compute, {**job, "shortlist": sl}))
+        except WorkerDied as died:
+            if not workers:
+                raise
+            print(f"{died}: left out of the table", file=sys.stderr)
     for rep in range(repeats):
         for w in workers[rep % len(workers) :] + workers[: rep % len(workers)]:
             w.runs.append(w.ask("run"))

@@ -228,6 +228,36 @@ def test_translate_speed_without_latency_lines_reports_speed_and_no_latency(synt
     assert timed.latency_ms > 0
 
 
+def test_an_engine_that_cannot_load_is_left_out_and_the_others_run(synthetic_run, capsys):
+    """CTranslate2 refuses float16 on a CPU: its worker dies at load, the table keeps nmt's row. The first
+    engine is the baseline, so one that cannot load there ends the run."""
+    pytest.importorskip("ctranslate2", reason="pip install -e '.[dev]'")
+    translate = importlib.import_module("translate_speed")
+    model, source = synthetic_run / "checkpoints" / "best.pt", synthetic_run / "data" / "valid.xx"
+    args = [
+        "--model",
+        str(model),
+        "--input",
+        str(source),
+        "--lines",
+        "8",
+        "--threads",
+        "1",
+        "--latency-lines",
+        "0",
+    ]
+    (row,) = translate.main(
+        [*args, "--engine", "nmt:fp32", "--engine", "ctranslate2:float16", "--repeats", "1"]
+    )
+    assert row.name == "nmt fp32"
+    assert (
+        "the CTranslate2 float16 worker died (exit status 1): left out of the table"
+        in capsys.readouterr().err
+    )
+    with pytest.raises(SystemExit, match="the CTranslate2 float16 worker died"):
+        translate.main([*args, "--engine", "ctranslate2:float16", "--engine", "nmt:fp32", "--repeats", "1"])
+
+
 def test_record_appends_to_its_own_section_only(tmp_path):
     path = tmp_path / "RESULTS.md"
     path.write_text("# Benchmark results\n\n## Translation speed\n\ntheirs\n")
