@@ -556,6 +556,28 @@ class SlowTranslator(FakeTranslator):
         return super().search_sources(count, sources, forced, nbest)
 
 
+def test_the_worker_gives_kept_memory_back_once_nothing_waits(monkeypatch):
+    """A CPU search keeps its freed buffers for the next step (nmt.device.keep_freed_buffers); the worker
+    gives them back when its queue is empty, not between batches while requests wait."""
+    import nmt.serve.batcher
+
+    waiting = []
+    monkeypatch.setattr(nmt.serve.batcher, "release_freed_memory", lambda: waiting.append(len(b.jobs)))
+    t = SlowTranslator(0.05)
+    b = batcher(t, max_batch_tokens=2, batch_wait_ms=0)  # each request a batch of its own
+    try:
+        far = time.monotonic() + 30
+        with b.cond:
+            jobs = [b.submit({0: [1, 2]}, 1, 2, far), b.submit({0: [3, 4]}, 1, 2, far)]
+        assert [job.future.result(10) for job in jobs] == [[[("2 1", -1.0)]], [[("4 3", -1.0)]]]
+        deadline = time.monotonic() + 5
+        while not waiting and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(t.batches) == 2 and waiting == [0]  # once, after the second batch: none waited then
+    finally:
+        b.close(5)
+
+
 def test_a_request_alone_starts_at_once_and_requests_that_come_together_wait_the_window_for_company():
     """The batch window is for requests that come together: one alone (the model idle, or a client's
     next line after a batch of its own) is not held for company that does not come; after a batch of

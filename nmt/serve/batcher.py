@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from rich.console import Console
 
 from nmt.config import DecodeConfig
+from nmt.device import release_freed_memory
 from nmt.serve.metrics import Metrics
 from nmt.serve.settings import ServeSettings
 from nmt.translate.frontend import batch_cost, rows_per_sentence
@@ -146,6 +147,9 @@ class Batcher:
                     self.serve(batch)
                 with self.cond:
                     self.active = []
+                    idle = not self.jobs
+                if idle:  # a large batch's buffers, kept for the next step (nmt.device), go back while idle
+                    release_freed_memory()
             except Exception as e:  # the worker serves every other request: it must not die
                 self.console.print(f"[red]batcher error:[/] {type(e).__name__}: {e}", highlight=False)
 

@@ -18,7 +18,13 @@ from rich.console import Console
 
 from nmt.checkpoint import LoadedModel, read_model
 from nmt.config import DecodeConfig, DecodeOverrides, Engine, Precision
-from nmt.device import attention_for_varying_shapes, inference_choice, inference_dtype, resolve_device
+from nmt.device import (
+    attention_for_varying_shapes,
+    inference_choice,
+    inference_dtype,
+    keep_freed_buffers,
+    resolve_device,
+)
 from nmt.errors import NmtError
 from nmt.languages import same, short, target_tag
 from nmt.subword import Subword
@@ -241,6 +247,8 @@ def inference_model(model, precision: Precision, device: torch.device, prepack: 
         raise NmtError(f"--dtype int8 runs on the CPU, not {device}: add --device cpu")
     torch_dtype = torch.float32 if int8 else inference_dtype(precision, device)
     attention_for_varying_shapes(device)  # encoding batches of every shape
+    if device.type == "cpu":
+        keep_freed_buffers()  # a step's large buffers reused, not faulted in anew at every step
     # An Ensemble keeps its members in a plain list, out of reach of its own .to()
     for member in model.members:
         member.to(torch_dtype)
