@@ -93,7 +93,7 @@ def test_rows_run_at_a_few_counts_and_only_a_few_are_padding():
         assert len(pieces) <= 6  # 4999 rows: 2048 + 2048 + 512 + 256 + 128 + 7 padded to 8
         counts.update(bucket for _, bucket in pieces)
     assert counts == set(ROW_BUCKETS)  # every row count from 1 to 4999 runs at these 12 shapes only
-    assert len(ROW_BUCKETS) <= 12  # each count is a kernel per weight (memory): the powers of two
+    assert len(ROW_BUCKETS) <= 12  # each count is a kernel per product shape (memory): the powers of two
 
 
 def test_the_decoder_is_prepacked_and_steps_as_before():

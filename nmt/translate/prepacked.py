@@ -41,15 +41,15 @@ from torch import Tensor, nn
 from nmt.model import FeedForward
 from nmt.translate.threads import on_threads
 
-# oneDNN builds (and caches, 0.5-0.8 MiB each with AMX, ~2 ms to build) one primitive per weight and row
+# oneDNN builds (and caches, 0.5-0.8 MiB each, ~2 ms to build) one primitive per product shape and row
 # count, and a long run of `nmt translate` or `nmt serve` sees every row count up to its largest batch.
 # So a product runs only at these row counts. Rows are padded up to the next count (zero rows: a row's
 # result does not depend on the others) where that adds at most an eighth to the product, or always below
 # PAD_BELOW rows, where a product costs about the same at any count; otherwise they are cut into the
 # largest counts that fit, whose outputs are then concatenated (one more copy of the whole output).
 # Powers of two: the demo model's 1,000 test lines met 18 counts of the 22 that also had the halfway
-# counts (3, 6, 12 ... 1536): 342 primitives, and the 8 fewer counts cut the peak RSS by 23-47 MiB at the
-# same speed and outputs (benchmarks/RESULTS.md, 2026-11-28).
+# counts (3, 6, 12 ... 1536), for each of its decoder's 5 shapes of product; the 8 fewer counts cut the
+# peak RSS by 23-47 MiB at the same speed and outputs (benchmarks/RESULTS.md, 2026-11-28).
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 PAD_BELOW = 64
 PAD_SHARE = 8  # pad m rows where the padding is at most m / PAD_SHARE rows
