@@ -101,7 +101,7 @@ def test_the_log_says_what_the_products_run_in_and_why(synthetic_run: Path):
     auto = summary("--device", "cpu")
     dtype = "bfloat16" if native else "float32"
     packed = (
-        " (decoder products prepacked for oneDNN)"
+        " (products prepacked for oneDNN)"
         if prepacked_available(resolve_dtype(Precision.AUTO, torch.device("cpu")))
         else ""
     )

@@ -64,7 +64,7 @@ class BuiltTranslator:
         return self.translator.subword
 
     def describe(self, threads: int | None = None) -> str:
-        """For a log line, e.g. `device cpu, float32 (decoder products prepacked for oneDNN), the default on
+        """For a log line, e.g. `device cpu, float32 (products prepacked for oneDNN), the default on
         a CPU without native bf16 (AVX-512 BF16 or AMX)`; with `threads` (one process searching on the
         CPU in several threads), how its batches share them out (nmt.translate.threads)."""
         engine = "" if self.engine is Engine.TORCH else "CTranslate2 "
@@ -239,7 +239,7 @@ def ctranslate2_translator(
 
 def inference_model(model, precision: Precision, device: torch.device, prepack: bool = True):
     """The model (or each member of an Ensemble) in `precision`: a torch dtype (nmt.device.inference_dtype),
-    or int8 weights on the CPU (nmt.translate.int8). In float32 or bfloat16 on the CPU the decoder's
+    or int8 weights on the CPU (nmt.translate.int8). In float32 or bfloat16 on the CPU the linear
     weights are prepacked for oneDNN (nmt.translate.prepacked) unless `prepack` is off. `precision` is
     parsed already, where the name was read (build_translator, or the CLI)."""
     int8 = precision is Precision.INT8
@@ -257,9 +257,9 @@ def inference_model(model, precision: Precision, device: torch.device, prepack: 
 
             quantize_int8(member)
         elif prepack and device.type == "cpu":
-            from nmt.translate.prepacked import prepack_decoder
+            from nmt.translate.prepacked import prepack_model
 
-            prepack_decoder(member)
+            prepack_model(member)
     return model
 
 
@@ -274,7 +274,7 @@ def precision_words(precision: Precision | None, device: torch.device) -> str:
 
 def precision_of(model) -> str:
     """What a model's products run in, as a log line says it: `int8`, or its weights' dtype, and whether
-    the decoder's products are prepacked (nmt.translate.prepacked)."""
+    its products are prepacked (nmt.translate.prepacked)."""
     from nmt.translate.int8 import Int8Linear
     from nmt.translate.prepacked import PrepackedLinear
 
@@ -284,4 +284,4 @@ def precision_of(model) -> str:
         return "int8"
     param = next(members[0].parameters(), None)
     dtype = str(param.dtype).removeprefix("torch.") if param is not None else "float32"
-    return dtype + (" (decoder products prepacked for oneDNN)" if kernels == {PrepackedLinear} else "")
+    return dtype + (" (products prepacked for oneDNN)" if kernels == {PrepackedLinear} else "")

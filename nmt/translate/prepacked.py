@@ -1,4 +1,4 @@
-"""fp32 and bf16 decoding on the CPU with the decoder's weights prepacked once for oneDNN's inner product.
+"""fp32 and bf16 translation on the CPU with every linear map's weights prepacked once for oneDNN.
 
 A decoder step multiplies a few rows (sentences x beam: 4 for one sentence at beam 4) by every weight
 matrix of the decoder and by the tied (vocabulary x d_model) output projection (3.4). At that shape
@@ -8,18 +8,22 @@ in oneDNN's inner product over the same weight reordered once into oneDNN's bloc
 37000 x 512 projection 19 against 5 ms; the other decoder maps 1.2-2.1x faster at 4 rows, 1.1-1.7x at 64,
 about even from 256 rows on (benchmarks/RESULTS.md, "Translation speed"). The encoder's products, and
 the decoder's projection of the encoder output into keys and values, have hundreds of rows, where the two
-are even, so they keep F.linear.
+are even: they are prepacked for the rows' sake, not the speed's (below).
+
+A row's output must not depend on how many rows share its product, or a sentence would translate one way
+alone and another in a batch. Neither library promises it: MKL's sgemm behind F.linear gave rows other
+bits at up to 9-12 rows than among thousands, and up to 128-256 rows with 1,024-2,048 inputs at two
+threads; oneDNN's prepacked bf16 kernel with AMX gave them other bits from 33-64 rows on with 512 inputs
+or more (an Intel Xeon with AMX, torch 2.13, benchmarks/RESULTS.md, 2026-11-28). So every product runs at
+a few row counts (ROW_BUCKETS, padded or cut into pieces), and `row_range` probes each shape once for the
+counts between which a row keeps its bits: from 1 (or 2, where the one-row kernel sums in another order:
+fp32 with 2,048 inputs or more on that Xeon) up to a largest count (32 in bf16 there, beyond 256 inputs).
+tests/test_prepacked.py checks rows over 1 to 2,100. Results may differ from F.linear's in the last bits
+(a relative 1e-6 to 1e-5: another summation order), as two BLAS libraries do.
 
 The operators are torch's own, but private ones (torch.ops.mkldnn._reorder_linear_weight and
-_linear_pointwise), so `prepack_decoder` first checks them on a small product and leaves the model as it
-is where they are missing, disagree with F.linear, or give a row other bits among other rows.
-
-A row's output does not depend on how many rows share the product (tests/test_prepacked.py checks it over
-1 to 2,100 rows; `available` checks it on the CPU at hand), so translations stay independent of the
-batch. One exception was measured: on an Intel Xeon with AMX (torch 2.11, 2026-11-27), oneDNN's kernel
-for a single row summed in another order than its kernels for more rows at two threads (not at one), so
-where `available` finds that, a single row is multiplied as two (`least_rows`). They may differ from
-F.linear's in the last bits (a relative 1e-6 to 1e-5: another summation order), as two BLAS libraries do.
+_linear_pointwise), so `prepack_model` first checks them on a small product (`available`) and leaves the
+model as it is where they are missing, disagree with F.linear, or no row count keeps a row's bits.
 
 bf16 weights (`--dtype bf16`, and `auto` on a CPU with native bf16: nmt.device) are prepacked the same
 way, where the probe passes in bf16. F.linear in bf16 also goes to oneDNN, but reorders the weights at
@@ -56,28 +60,31 @@ PAD_SHARE = 8  # pad m rows where the padding is at most m / PAD_SHARE rows
 
 
 @functools.lru_cache(maxsize=4096)
-def row_pieces(m: int) -> tuple[tuple[int, int], ...]:
-    """How m rows are multiplied: (rows, bucket) pieces in order, rows <= bucket, bucket in ROW_BUCKETS."""
+def row_pieces(m: int, least: int = 1, most: int = ROW_BUCKETS[-1]) -> tuple[tuple[int, int], ...]:
+    """How m rows are multiplied: (rows, bucket) pieces in order, rows <= bucket, bucket in ROW_BUCKETS
+    between `least` and `most` (a product's `row_range`)."""
+    lo, hi = bisect.bisect_left(ROW_BUCKETS, least), bisect.bisect_right(ROW_BUCKETS, most)
     pieces = []
     while m > 0:
-        up = bisect.bisect_left(ROW_BUCKETS, m)  # the smallest count that holds all m rows
-        if up < len(ROW_BUCKETS) and (m <= PAD_BELOW or (ROW_BUCKETS[up] - m) * PAD_SHARE <= m):
+        up = bisect.bisect_left(ROW_BUCKETS, m, lo, hi)  # the smallest count that holds all m rows
+        if up < hi and (m <= PAD_BELOW or (ROW_BUCKETS[up] - m) * PAD_SHARE <= m):
             pieces.append((m, ROW_BUCKETS[up]))
             break
-        largest = ROW_BUCKETS[bisect.bisect_right(ROW_BUCKETS, m) - 1]  # the largest count that fits
+        largest = ROW_BUCKETS[bisect.bisect_right(ROW_BUCKETS, m, lo, hi) - 1]  # the largest count that fits
         pieces.append((largest, largest))
         m -= largest
     return tuple(pieces)
 
 
-def in_row_buckets(rows: Tensor, product: Callable[[Tensor], Tensor], least: int = 1) -> Tensor:
+def in_row_buckets(
+    rows: Tensor, product: Callable[[Tensor], Tensor], least: int = 1, most: int = ROW_BUCKETS[-1]
+) -> Tensor:
     """`product` of (M, in) rows, called at ROW_BUCKETS counts only (row_pieces): the rows padded with
     zeros or cut into pieces, the outputs (M, out) as if it had run on all M rows at once. For products
     whose row results do not depend on the other rows, and whose library builds a kernel per row count.
-    `least` (a bucket): fewer rows are padded up to it (`least_rows`)."""
-    if rows.shape[0] < least:
-        return product(F.pad(rows, (0, 0, 0, least - rows.shape[0])))[: rows.shape[0]]
-    pieces, start, out = row_pieces(rows.shape[0]), 0, []
+    `least` and `most` (buckets, `row_range`): no piece has fewer rows than `least` (it is padded up to
+    them), nor more than `most`."""
+    pieces, start, out = row_pieces(rows.shape[0], least, most), 0, []
     for m, bucket in pieces:
         piece = rows[start : start + m]
         if bucket != m:
@@ -100,17 +107,22 @@ class PrepackedLinear(nn.Module):
     """
 
     def __init__(
-        self, weight: Tensor, bias: Tensor | None, activation: str = "none", least: int | None = None
+        self,
+        weight: Tensor,
+        bias: Tensor | None,
+        activation: str = "none",
+        rows: tuple[int, int] | None = None,
     ):
+        """`rows`: (least, most) as `row_range` gives them; by default that of this weight's shape."""
         super().__init__()
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
         self.packed = _pack(weight)
         self.bias = None if bias is None else bias.detach().contiguous()
         self.activation = activation
-        self.least = least if least is not None else least_rows(weight.dtype) or 1  # rows multiplied at least
+        self.least, self.most = rows or row_range(weight.dtype, *weight.shape[::-1]) or (1, ROW_BUCKETS[-1])
 
     def forward(self, x: Tensor) -> Tensor:
-        y = in_row_buckets(x.reshape(-1, self.in_features), self.product, self.least)  # (M, out)
+        y = in_row_buckets(x.reshape(-1, self.in_features), self.product, self.least, self.most)  # (M, out)
         return y.view(*x.shape[:-1], self.out_features)
 
     def product(self, rows: Tensor) -> Tensor:
@@ -118,18 +130,23 @@ class PrepackedLinear(nn.Module):
 
     def over(self, ids: Tensor, weight: Tensor, bias: Tensor | None) -> PrepackedLinear:
         """The same product over this map's output rows `ids`, whose floats are `weight` and `bias` (a
-        shortlist's union): laid out again, as oneDNN's layout cannot be gathered."""
-        return PrepackedLinear(weight, bias, self.activation)
+        shortlist's union): laid out again, as oneDNN's layout cannot be gathered. Its rows are those probed
+        for its width rounded up to a power of two: a union's width changes batch to batch, and a probe per
+        width would cost more than the batch."""
+        width = 1 << (len(weight) - 1).bit_length()
+        return PrepackedLinear(weight, bias, self.activation, row_range(weight.dtype, weight.shape[1], width))
 
     def extra_repr(self) -> str:
         fused = "" if self.activation == "none" else f", {self.activation} fused"
         return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN prepacked{fused}"
 
 
-# The row counts `least_rows` multiplies alone and compares with the same rows among 300: one row, a few
-# (a decoder step of a sentence or a few) and many (a batch's), where oneDNN's kernels change with the count.
-# Each count builds a kernel that stays cached: every bucket up to 256 took 14 MiB more memory, these 4.
-PROBE_ROWS = (1, 2, 3, 4, 8, 64, 256)
+# The most rows `row_range` multiplies at once, and so the most any product runs at (more are cut into
+# pieces of at most this many). A decoder step at the default batch budget has up to ~650 rows (sentences x
+# beam); an encoder's products more, where a piece's cost dwarfs its concatenation. The probe multiplies
+# about 1.5 times this many rows in all, per shape and thread setting: for the 37,000 x 1,024 output
+# projection of a wmt14 big model, ~58 GMAC in fp32.
+PROBE_MOST = 512
 
 
 # How close to F.linear's a prepacked product must be, by dtype: another summation order in float32; in
@@ -137,46 +154,101 @@ PROBE_ROWS = (1, 2, 3, 4, 8, 64, 256)
 CLOSE = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 
 
+def _cancelling(dtype: torch.dtype, rows: int, in_features: int, out_features: int) -> tuple[Tensor, Tensor]:
+    """Probe rows (rows, in) and weights (out, in) whose every product is 0 exactly: a row is u then u
+    reversed, a weight a then -a reversed, so each term meets its negation at the far end of the sum. What
+    comes out is the rounding of the order the kernel summed in, so two kernels that sum in other orders
+    give other bits in nearly every output. Random ones hide most such differences in bf16, whose output
+    rounding (2^-8) swallows the last bits of float32 sums: on an Intel Xeon with AMX, oneDNN's bf16
+    kernels at 1 and 64 rows, which sum otherwise, differed in one output of 67,000."""
+    gen = torch.Generator().manual_seed(0)
+    half, odd = in_features // 2, in_features % 2
+    u, a = torch.randn(rows, half, generator=gen), torch.randn(out_features, half, generator=gen)
+    x = torch.cat([u, torch.ones(rows, odd), u.flip(1)], 1)  # the odd input meets zero weights
+    weight = torch.cat([a, torch.zeros(out_features, odd), -a.flip(1)], 1) / half**0.5
+    return x.to(dtype), weight.to(dtype)
+
+
+def _most_rows(product: Callable[[Tensor], Tensor], x: Tensor, least: int) -> dict[int, Tensor]:
+    """The products of x's first rows at each count of ROW_BUCKETS, up to len(x), at which (as at every
+    count below it) each row has the bits it has alone (padded to `least` rows): a count's first half as
+    the count below gave it, its second half as that count gives it on its own, so that neither a row's
+    companions nor its position change it. Only count 1 where two rows do not."""
+    alone = torch.cat([product(F.pad(x[i : i + 1], (0, 0, 0, least - 1)))[:1] for i in range(2)])
+    results = {1: alone[:1]}
+    for count in ROW_BUCKETS[1:]:
+        if count > len(x):
+            break
+        y, half = product(x[:count]), count // 2
+        second = alone[1:] if count == 2 else product(x[half:count])
+        if not (torch.equal(y[:half], results[half]) and torch.equal(y[half:], second)):
+            break
+        results[count] = y
+    return results
+
+
 @functools.cache
-def least_rows(dtype: torch.dtype = torch.float32) -> int | None:
-    """The fewest rows a product in `dtype` runs at: 1, or 2 where oneDNN's kernel for one row gives it
-    other bits than among other rows (and two rows do not); None where the operators are missing, disagree
-    with F.linear, or give a row other bits at another of PROBE_ROWS. Checked on one thread and on torch's
-    setting (a batch's search runs on either: nmt.translate.threads)."""
-    if not torch.backends.mkldnn.is_available() or dtype not in CLOSE:
+def row_range(dtype: torch.dtype, in_features: int, out_features: int) -> tuple[int, int] | None:
+    """(least, most): the fewest rows a prepacked product of this shape runs at, 1, or 2 where oneDNN's
+    kernel for one row sums in another order than for more; and the most, a count of ROW_BUCKETS up to
+    PROBE_MOST. Between them every row gets the same bits at every count, in any position, among any rows,
+    on one thread or on torch's setting (a batch's search runs on either: nmt.translate.threads), so a
+    sentence's translation does not depend on its batch. None where not even two rows agree, or there is
+    no such kernel.
+
+    Probed once per shape (`_cancelling`), because oneDNN picks its kernel by shape, rows and threads. On
+    an Intel Xeon with AMX (torch 2.13, benchmarks/RESULTS.md, 2026-11-28): in bf16 a product of 512 or
+    more inputs gave rows other bits from 33-64 rows on (the demo model's second feed-forward map, 1,024
+    inputs, among them), where a probe of 256 inputs, the only one before, found nothing; in fp32 one row
+    of 2,048 or more inputs (a wmt14 model's second feed-forward map) summed otherwise than two."""
+    x, weight = _cancelling(dtype, PROBE_MOST, in_features, out_features)
+    bias = torch.zeros(out_features, dtype=dtype)
+    try:
+        product = PrepackedLinear(weight, bias, rows=(1, ROW_BUCKETS[-1])).product  # the bare kernel
+    except (AttributeError, RuntimeError, NotImplementedError):  # no such kernel here (bf16 on AVX2)
         return None
+    with torch.inference_mode():
+        for least in (1, 2):
+            settings = []
+            for threads in sorted({1, torch.get_num_threads()}):
+                with on_threads(threads):
+                    settings.append(_most_rows(product, x, least))
+            most = 0  # the counts every setting reaches, with the same bits on each
+            for count in ROW_BUCKETS:
+                if not all(count in r and torch.equal(r[count], settings[0][count]) for r in settings):
+                    break
+                most = count
+            if most >= 2:
+                return least, most
+    return None
+
+
+@functools.cache
+def available(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether this torch has oneDNN's operators in `dtype`, a product agrees with F.linear, its fused ReLU
+    gives the plain one's bits, and rows keep their bits among others (`row_range`) at a small shape; each
+    shape is probed again where a model meets it. Where not, the model keeps F.linear."""
+    if not torch.backends.mkldnn.is_available() or dtype not in CLOSE:
+        return False
     try:
         gen = torch.Generator().manual_seed(0)
         weight, bias = torch.randn(512, 256, generator=gen) / 16, torch.randn(512, generator=gen)
         x = torch.randn(300, 256, generator=gen)
         weight, bias, x = weight.to(dtype), bias.to(dtype), x.to(dtype)
-        linear, fused = PrepackedLinear(weight, bias, least=1), PrepackedLinear(weight, bias, "relu", least=1)
-        one_row = True
+        if row_range(dtype, 256, 512) is None:
+            return False
+        linear, fused = PrepackedLinear(weight, bias), PrepackedLinear(weight, bias, "relu")
         with torch.inference_mode():
-            for threads in sorted({1, torch.get_num_threads()}):
-                with on_threads(threads):
-                    full = linear.product(x)
-                    if not all(torch.equal(linear.product(x[:m]), full[:m]) for m in PROBE_ROWS[1:]):
-                        return None
-                    one_row = one_row and torch.equal(linear.product(x[:1]), full[:1])
+            full = linear(x)
             # the fused ReLU must be the plain one's bits, so that fusing changes no translation
-            same_relu = torch.equal(fused.product(x), F.relu(full)) and torch.equal(
-                fused.product(x[:4]), F.relu(full[:4])
-            )
+            same_relu = torch.equal(fused(x), F.relu(full)) and torch.equal(fused(x[:4]), F.relu(full[:4]))
         tolerance = CLOSE[dtype]
         close = torch.allclose(
             full.float(), F.linear(x, weight, bias).float(), rtol=tolerance, atol=tolerance
         )
-        return (1 if one_row else 2) if same_relu and close else None
+        return same_relu and close
     except (AttributeError, RuntimeError, NotImplementedError):
-        return None
-
-
-def available(dtype: torch.dtype = torch.float32) -> bool:
-    """Whether this torch has the operators in `dtype`, they agree with F.linear, and a row's result is the
-    same alone and among other rows (`least_rows`): on a CPU whose kernels differ there, prepacking would
-    make translations depend on the batch, so the model keeps F.linear."""
-    return least_rows(dtype) is not None
+        return False
 
 
 def _applied(x: Tensor) -> Tensor:
@@ -184,24 +256,31 @@ def _applied(x: Tensor) -> Tensor:
     return x
 
 
-def prepack_decoder(model: nn.Module) -> bool:
-    """The decoder's linear maps and the output projection of a float32 or bfloat16 Transformer on the CPU,
+def prepack_model(model: nn.Module) -> bool:
+    """Every linear map of a float32 or bfloat16 Transformer on the CPU, and its output projection,
     prepacked in place for inference (nothing here can be trained or saved). False, and the model
     unchanged, where it is another dtype or not on the CPU, or this torch lacks working operators in its
-    dtype."""
+    dtype, or a shape of the model has no row count that keeps a row's bits (`row_range`)."""
     param = model.embed.weight
     if param.device.type != "cpu" or not available(param.dtype):
         return False
+    linears = [
+        (parent, name, child)
+        for parent in list(model.modules())
+        for name, child in parent.named_children()
+        if isinstance(child, nn.Linear)
+    ]
+    shapes = {(c.in_features, c.out_features) for _, _, c in linears} | {model.output_weight.shape[::-1]}
+    if any(row_range(param.dtype, *shape) is None for shape in shapes):
+        return False
     model.eval()
     for ffn in list(model.decoder.modules()):
-        # max(0, x W1 + b1) in one oneDNN call: fc1 applies the ReLU, the activation itself becomes a no-op
+        # max(0, x W1 + b1) in one oneDNN call: fc1 applies the ReLU, the activation itself becomes a no-op.
+        # The decoder's only: a step's operators are what one sentence waits for.
         if isinstance(ffn, FeedForward) and ffn.activation is F.relu:
             ffn.fc1, ffn.activation = PrepackedLinear(ffn.fc1.weight, ffn.fc1.bias, "relu"), _applied
-    for parent in list(model.decoder.modules()):
-        for name, child in list(parent.named_children()):
-            # kv_proj projects the encoder output, once per sentence, over all its positions: hundreds of
-            # rows of every possible count, where F.linear is as fast
-            if isinstance(child, nn.Linear) and name != "kv_proj":
-                setattr(parent, name, PrepackedLinear(child.weight, child.bias))
+    for parent, name, child in linears:
+        if getattr(parent, name) is child:  # not fc1 with its ReLU, done above
+            setattr(parent, name, PrepackedLinear(child.weight, child.bias))
     model.compile_output(PrepackedLinear)
     return True
