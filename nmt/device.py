@@ -169,7 +169,7 @@ def inference_dtype(precision: Precision, device: torch.device) -> torch.dtype:
 def inference_choice(precision: Precision, device: torch.device) -> str:
     """Why `--dtype auto` chose what it did for translation, a clause for the log; "" where the user chose.
 
-    On a CPU with native bf16 auto translates in bf16, the decoder's products prepacked for oneDNN
+    On a CPU with native bf16 auto translates in bf16, its products prepacked for oneDNN
     (nmt.translate.prepacked). On a Xeon with AMX, in one process, alternated (the demo model, 2
     threads), it was 1.62x float32's speed on 500 test lines and took 0.66x float32's time for one
     sentence; with oneDNN held to AVX-512 BF16 (ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16, as on a CPU with

@@ -144,9 +144,11 @@ class PrepackedLinear(nn.Module):
 # The most rows `row_range` multiplies at once, and so the most any product runs at (more are cut into
 # pieces of at most this many). A decoder step at the default batch budget has up to ~650 rows (sentences x
 # beam); an encoder's products more, where a piece's cost dwarfs its concatenation. The probe multiplies
-# about 1.5 times this many rows in all, per shape and thread setting: for the 37,000 x 1,024 output
-# projection of a wmt14 big model, ~58 GMAC in fp32.
+# about 1.5 times this many rows in all, per shape and thread setting, and holds about three outputs of a
+# count at once: for a wide output it stops at fewer rows, PROBE_OUTPUTS outputs a product (a 37,000-word
+# vocabulary: 128 rows, 0.6 s in fp32 for wmt14 base's projection, where 512 took 2.1 s and 230 MB).
 PROBE_MOST = 512
+PROBE_OUTPUTS = 1 << 23
 
 
 # How close to F.linear's a prepacked product must be, by dtype: another summation order in float32; in
@@ -169,55 +171,65 @@ def _cancelling(dtype: torch.dtype, rows: int, in_features: int, out_features: i
     return x.to(dtype), weight.to(dtype)
 
 
-def _most_rows(product: Callable[[Tensor], Tensor], x: Tensor, least: int) -> dict[int, Tensor]:
-    """The products of x's first rows at each count of ROW_BUCKETS, up to len(x), at which (as at every
-    count below it) each row has the bits it has alone (padded to `least` rows): a count's first half as
-    the count below gave it, its second half as that count gives it on its own, so that neither a row's
-    companions nor its position change it. Only count 1 where two rows do not."""
-    alone = torch.cat([product(F.pad(x[i : i + 1], (0, 0, 0, least - 1)))[:1] for i in range(2)])
-    results = {1: alone[:1]}
+def _agreeing_rows(product: Callable[[Tensor], Tensor], x: Tensor, least: int, settings: list[int]) -> int:
+    """The largest count of ROW_BUCKETS, up to len(x), at which (as at every count below it) each row of
+    `product` has the bits it has alone (padded to `least` rows), on each of the thread `settings` alike:
+    a count's first half as the count below gave it, its second half as that count gives it on its own,
+    so that neither a row's companions nor its position change it. 0 where a row alone differs between
+    the settings, 1 where two rows do not agree."""
+
+    def alone(i: int) -> Tensor:
+        return product(F.pad(x[i : i + 1], (0, 0, 0, least - 1)))[:1]
+
+    below = []
+    for threads in settings:
+        with on_threads(threads):
+            below.append(torch.cat([alone(0), alone(1)]))
+    if not all(torch.equal(b, below[0]) for b in below):
+        return 0
+    most = 1
     for count in ROW_BUCKETS[1:]:
         if count > len(x):
             break
-        y, half = product(x[:count]), count // 2
-        second = alone[1:] if count == 2 else product(x[half:count])
-        if not (torch.equal(y[:half], results[half]) and torch.equal(y[half:], second)):
-            break
-        results[count] = y
-    return results
+        half, now = count // 2, []
+        for threads, previous in zip(settings, below, strict=True):
+            with on_threads(threads):
+                y = product(x[:count])
+                second = previous[1:] if count == 2 else product(x[half:count])
+            if not (torch.equal(y[:half], previous[:half]) and torch.equal(y[half:], second)):
+                return most
+            now.append(y)
+        if not all(torch.equal(y, now[0]) for y in now):
+            return most
+        below, most = now, count
+    return most
 
 
 @functools.cache
 def row_range(dtype: torch.dtype, in_features: int, out_features: int) -> tuple[int, int] | None:
     """(least, most): the fewest rows a prepacked product of this shape runs at, 1, or 2 where oneDNN's
     kernel for one row sums in another order than for more; and the most, a count of ROW_BUCKETS up to
-    PROBE_MOST. Between them every row gets the same bits at every count, in any position, among any rows,
-    on one thread or on torch's setting (a batch's search runs on either: nmt.translate.threads), so a
-    sentence's translation does not depend on its batch. None where not even two rows agree, or there is
-    no such kernel.
+    PROBE_MOST (fewer for a wide output: PROBE_OUTPUTS). Between them every row gets the same bits at every
+    count, in any position, among any rows, on one thread or on torch's setting (a batch's search runs on
+    either: nmt.translate.threads), so a sentence's translation does not depend on its batch. None where
+    not even two rows agree, or there is no such kernel.
 
     Probed once per shape (`_cancelling`), because oneDNN picks its kernel by shape, rows and threads. On
     an Intel Xeon with AMX (torch 2.13, benchmarks/RESULTS.md, 2026-11-28): in bf16 a product of 512 or
     more inputs gave rows other bits from 33-64 rows on (the demo model's second feed-forward map, 1,024
     inputs, among them), where a probe of 256 inputs, the only one before, found nothing; in fp32 one row
     of 2,048 or more inputs (a wmt14 model's second feed-forward map) summed otherwise than two."""
-    x, weight = _cancelling(dtype, PROBE_MOST, in_features, out_features)
+    rows = max(2, min(PROBE_MOST, PROBE_OUTPUTS // out_features))
+    x, weight = _cancelling(dtype, rows, in_features, out_features)
     bias = torch.zeros(out_features, dtype=dtype)
     try:
         product = PrepackedLinear(weight, bias, rows=(1, ROW_BUCKETS[-1])).product  # the bare kernel
     except (AttributeError, RuntimeError, NotImplementedError):  # no such kernel here (bf16 on AVX2)
         return None
+    settings = sorted({1, torch.get_num_threads()})
     with torch.inference_mode():
         for least in (1, 2):
-            settings = []
-            for threads in sorted({1, torch.get_num_threads()}):
-                with on_threads(threads):
-                    settings.append(_most_rows(product, x, least))
-            most = 0  # the counts every setting reaches, with the same bits on each
-            for count in ROW_BUCKETS:
-                if not all(count in r and torch.equal(r[count], settings[0][count]) for r in settings):
-                    break
-                most = count
+            most = _agreeing_rows(product, x, least, settings)
             if most >= 2:
                 return least, most
     return None
