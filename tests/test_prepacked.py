@@ -3,6 +3,7 @@ result the same in every batch, and the same translations as the model as traine
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 from pathlib import Path
@@ -211,18 +212,33 @@ def test_nmt_serve_says_it_prepacked_the_decoder(synthetic_run: Path):
         assert server.stop() == 0
 
 
+@contextlib.contextmanager
+def kernel_off(monkeypatch, off):
+    """oneDNN's product as `off(rows, output)` makes it, probed afresh (row_range), for the block; yields
+    it. The probes are forgotten after, so that later tests meet the real kernel."""
+    real = PrepackedLinear.product
+
+    def product(self, rows):
+        return off(rows, real(self, rows))
+
+    monkeypatch.setattr(PrepackedLinear, "product", product)
+    row_range.cache_clear()
+    try:
+        yield product
+    finally:
+        monkeypatch.setattr(PrepackedLinear, "product", real)
+        row_range.cache_clear()
+        available.cache_clear()
+
+
 def test_where_one_row_alone_sums_otherwise_a_single_row_is_multiplied_as_two(monkeypatch):
     """As oneDNN did in fp32 with 2,048 inputs or more on an Intel Xeon with AMX: the probe finds one row's
     kernel off, and a row alone then gets the bits it has among others."""
-    real = PrepackedLinear.product
 
-    def one_row_off(self, rows):
-        y = real(self, rows)
+    def one_row_off(rows, y):
         return y + 1e-3 if rows.shape[0] == 1 else y
 
-    monkeypatch.setattr(PrepackedLinear, "product", one_row_off)
-    row_range.cache_clear()
-    try:
+    with kernel_off(monkeypatch, one_row_off) as product:
         assert row_range(torch.float32, 64, 300) == (2, 512)
         torch.manual_seed(0)
         linear = PrepackedLinear(torch.randn(300, 64) / 8, torch.randn(300))
@@ -230,27 +246,20 @@ def test_where_one_row_alone_sums_otherwise_a_single_row_is_multiplied_as_two(mo
         with torch.inference_mode():
             among = linear(rows)
             assert all(torch.equal(linear(rows[i : i + 1]), among[i : i + 1]) for i in (0, 7, 39))
-            assert not torch.equal(one_row_off(linear, rows[:1]), among[:1])  # the kernel itself is off
-    finally:
-        monkeypatch.setattr(PrepackedLinear, "product", real)
-        row_range.cache_clear()
+            assert not torch.equal(product(linear, rows[:1]), among[:1])  # the kernel itself is off
 
 
 def test_where_rows_change_from_some_count_on_no_product_runs_at_that_many(monkeypatch):
     """As oneDNN's bf16 kernel did with 512 inputs or more on an Intel Xeon with AMX: from 33 rows on, some
     rows got other bits (here the rows past the 32nd of a call). The probe stops at 32, and a product of
     any more rows runs in pieces of at most 32, each row with its bits alone."""
-    real = PrepackedLinear.product
 
-    def past_32_off(self, rows):
-        y = real(self, rows)
+    def past_32_off(rows, y):
         if rows.shape[0] > 32:
             y[32:] += 1e-3
         return y
 
-    monkeypatch.setattr(PrepackedLinear, "product", past_32_off)
-    row_range.cache_clear()
-    try:
+    with kernel_off(monkeypatch, past_32_off) as product:
         assert row_range(torch.float32, 64, 300) == (1, 32)
         torch.manual_seed(0)
         linear = PrepackedLinear(torch.randn(300, 64) / 8, torch.randn(300))
@@ -259,29 +268,18 @@ def test_where_rows_change_from_some_count_on_no_product_runs_at_that_many(monke
         with torch.inference_mode():
             among = linear(rows)
             assert all(torch.equal(linear(rows[i : i + 1]), among[i : i + 1]) for i in (0, 31, 32, 33, 699))
-            assert not torch.equal(past_32_off(linear, rows[:64])[32:], among[32:64])  # the kernel is off
-    finally:
-        monkeypatch.setattr(PrepackedLinear, "product", real)
-        row_range.cache_clear()
+            assert not torch.equal(product(linear, rows[:64])[32:], among[32:64])  # the kernel is off
 
 
 def test_where_not_even_two_rows_agree_the_model_keeps_f_linear(monkeypatch):
-    real = PrepackedLinear.product
-
-    def second_row_off(self, rows):
-        y = real(self, rows)
+    def second_row_off(rows, y):
         if rows.shape[0] > 1:
             y[1] += 1e-3
         return y
 
-    monkeypatch.setattr(PrepackedLinear, "product", second_row_off)
-    row_range.cache_clear()
-    try:
+    with kernel_off(monkeypatch, second_row_off):
         assert row_range(torch.float32, 64, 300) is None
         assert not prepack_model(Transformer(make_config().model, 64))
-    finally:
-        monkeypatch.setattr(PrepackedLinear, "product", real)
-        row_range.cache_clear()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
