@@ -302,11 +302,11 @@ def test_a_term_is_placed_and_the_rest_of_the_line_survives_at_any_beam(syntheti
         in_place = " ".join(target if w == "c" else w for w in words)
         if replace:
             # "c", the model's own word for the source's "c", is banned: the search finds a translation
-            # without it at least as probable as the term in its place
+            # without it about as probable as the term in its place, or more (SEARCH_MISS)
             assert "c" not in b.split(), (line, b)
             keep_all = {in_place}
         else:
-            # The search finds a translation at least as probable, by its own length-normalised score, as
+            # The search finds a translation about as probable, by its own length-normalised score, as
             # each that keeps every other word of the plain one in its order: the term in place of "c", or
             # put in anywhere. Which of those the model prefers to the one found is its choice, and differs
             # between CPUs' rounding ("d b k c" for "c a b d" on one); dropping the words before the term,
@@ -315,7 +315,16 @@ def test_a_term_is_placed_and_the_rest_of_the_line_survives_at_any_beam(syntheti
                 " ".join([*words[:k], target, *words[k:]]) for k in range(len(words) + 1)
             }
         best = max(normalised_score(model, sub, decode.lenpen, line, x) for x in keep_all)
-        assert normalised_score(model, sub, decode.lenpen, line, b) >= best - 1e-4, (line, a, b)
+        assert normalised_score(model, sub, decode.lenpen, line, b) >= best - SEARCH_MISS, (line, a, b)
+
+
+# How far below a candidate the beam's result may score: beam search is not exact, and which near-equal
+# hypothesis a beam of 4 prunes depends on the model the CPU's rounding trained. On an AMD EPYC (AVX2) it
+# wrote "a k h f d b" for "b d f h c" (-9.141, length-normalised) where the term in place, "k h f d b",
+# scores -9.128 (a beam of 2 found that one, of 5 and more better ones still). The failure guarded against,
+# the words before the term dropped, scored 1.08-8.6 below the term in place there ("k" against "d b a k",
+# "k b a" against "f e d k b a") and 7.8 below on a Xeon.
+SEARCH_MISS = 0.5
 
 
 def normalised_score(model, sub, lenpen: float, source: str, translation: str) -> float:
