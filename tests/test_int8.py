@@ -35,6 +35,32 @@ def test_an_int8_linear_map_is_within_a_few_percent_of_float():
     assert 0 < error < 0.03, f"relative error {error:.4f}"  # 0: it must not be fp32 in disguise
 
 
+def test_fbgemms_product_does_not_ask_its_packed_weights_for_a_torch_function(monkeypatch):
+    """torch looks __torch_function__ up on every argument of an operator called from Python; on fbgemm's
+    packed weights, a TorchScript object, that lookup threw and caught a C++ exception at every call, half
+    of a one-row product's time (nmt.translate.int8._Fbgemm.linear). The product asks for none, and gives
+    the bits of the operator called plainly."""
+    torch.manual_seed(0)
+    weight, bias = torch.randn(32, 64) / 8, torch.randn(32)
+    product = int8._Fbgemm(weight, bias, 7)
+    rows = torch.randn(5, 64)
+    asked = []
+    lookup = torch.ScriptObject.__getattr__
+
+    def spy(obj, name):
+        asked.append(name)
+        return lookup(obj, name)
+
+    monkeypatch.setattr(torch.ScriptObject, "__getattr__", spy)
+    with torch.inference_mode():
+        got = product(rows)
+        assert asked == []
+        a = rows.abs().amax(dim=1, keepdim=True)
+        plain = torch.ops.quantized.linear_dynamic(product.spanned(rows, a), product.weight, True)
+        assert asked == ["__torch_function__"]  # the spy sees the lookup where it is made
+    assert torch.equal(got, torch.addcmul(bias, plain, a))
+
+
 def test_every_linear_map_and_the_output_projection_are_quantized():
     torch.manual_seed(0)
     model = Transformer(make_config().model, 64).eval()

@@ -234,7 +234,13 @@ class _Fbgemm(_Kernel):
 
     @staticmethod
     def linear(x: Tensor, packed: Tensor, reduce_range: bool) -> Tensor:
-        return torch.ops.quantized.linear_dynamic(x, packed, reduce_range)
+        # torch looks for __torch_function__ on every argument of an operator it calls from Python; on the
+        # packed weights, a TorchScript object, that lookup throws and catches a C++ exception at every
+        # call (an attribute it lacks). With subclasses' torch functions off (none of these are
+        # subclasses) it is not looked up: one row through a 256 x 256 map took 26-45 us, 10-14 so
+        # (AMD EPYC with AVX2, one thread; benchmarks/RESULTS.md, 2026-12-01)
+        with torch._C.DisableTorchFunctionSubclass():
+            return torch.ops.quantized.linear_dynamic(x, packed, reduce_range)
 
     @staticmethod
     def _pack(weight: Tensor, scales: Tensor) -> Tensor:
