@@ -271,6 +271,28 @@ def test_where_rows_change_from_some_count_on_no_product_runs_at_that_many(monke
             assert not torch.equal(product(linear, rows[:64])[32:], among[32:64])  # the kernel is off
 
 
+def test_where_rows_change_on_more_threads_only_no_product_runs_at_that_many(monkeypatch):
+    """A kernel that gives the rows past the 32nd other bits only when it splits the work among threads
+    (the search runs a batch on one thread or on torch's setting: nmt.translate.threads): the probe, which
+    multiplies every count on both, stops at 32 on two threads, and at its most on one."""
+
+    def threads_off(rows, y):
+        if torch.get_num_threads() > 1 and rows.shape[0] > 32:
+            y[32:] += 1e-3
+        return y
+
+    threads = torch.get_num_threads()
+    try:
+        with kernel_off(monkeypatch, threads_off):
+            torch.set_num_threads(1)
+            assert row_range(torch.float32, 64, 300) == (1, 512)  # one thread: nothing is off
+            row_range.cache_clear()
+            torch.set_num_threads(2)
+            assert row_range(torch.float32, 64, 300) == (1, 32)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_where_not_even_two_rows_agree_the_model_keeps_f_linear(monkeypatch):
     def second_row_off(rows, y):
         if rows.shape[0] > 1:

@@ -173,35 +173,43 @@ def _cancelling(dtype: torch.dtype, rows: int, in_features: int, out_features: i
 
 def _agreeing_rows(product: Callable[[Tensor], Tensor], x: Tensor, least: int, settings: list[int]) -> int:
     """The largest count of ROW_BUCKETS, up to len(x), at which (as at every count below it) each row of
-    `product` has the bits it has alone (padded to `least` rows), on each of the thread `settings` alike:
-    a count's first half as the count below gave it, its second half as that count gives it on its own,
-    so that neither a row's companions nor its position change it. 0 where a row alone differs between
-    the settings, 1 where two rows do not agree."""
+    `product` has the bits it has alone (padded to `least` rows), on each of the thread `settings` alike.
+    On the first setting a count's first half must be as the count below gave it, its second half as that
+    count gives it on its own, so that neither a row's companions nor its position change it; every other
+    setting must give that count's very bits. 0 where a row alone differs between the settings, 1 where
+    two rows do not agree.
+
+    The other settings' own second halves are not multiplied: bits equal to the first setting's at every
+    count have its positions' bits. Each of the other settings' products is a parallel region of several
+    threads, which stalls where another process holds one of their cores: on an AMD EPYC of 2 cores with
+    one kept busy, a model's probes took 1.2-1.5 s on two threads against 0.4 on one (benchmarks/RESULTS.md,
+    2026-12-01)."""
 
     def alone(i: int) -> Tensor:
         return product(F.pad(x[i : i + 1], (0, 0, 0, least - 1)))[:1]
 
-    below = []
-    for threads in settings:
+    first, others = settings[0], settings[1:]
+    with on_threads(first):
+        below = torch.cat([alone(0), alone(1)])
+    for threads in others:
         with on_threads(threads):
-            below.append(torch.cat([alone(0), alone(1)]))
-    if not all(torch.equal(b, below[0]) for b in below):
-        return 0
+            if not torch.equal(torch.cat([alone(0), alone(1)]), below):
+                return 0
     most = 1
     for count in ROW_BUCKETS[1:]:
         if count > len(x):
             break
-        half, now = count // 2, []
-        for threads, previous in zip(settings, below, strict=True):
-            with on_threads(threads):
-                y = product(x[:count])
-                second = previous[1:] if count == 2 else product(x[half:count])
-            if not (torch.equal(y[:half], previous[:half]) and torch.equal(y[half:], second)):
-                return most
-            now.append(y)
-        if not all(torch.equal(y, now[0]) for y in now):
+        half = count // 2
+        with on_threads(first):
+            y = product(x[:count])
+            second = below[1:] if count == 2 else product(x[half:count])
+        if not (torch.equal(y[:half], below[:half]) and torch.equal(y[half:], second)):
             return most
-        below, most = now, count
+        for threads in others:
+            with on_threads(threads):
+                if not torch.equal(product(x[:count]), y):
+                    return most
+        below, most = y, count
     return most
 
 
