@@ -182,8 +182,8 @@ def _agreeing_rows(product: Callable[[Tensor], Tensor], x: Tensor, least: int, s
     The other settings' own second halves are not multiplied: bits equal to the first setting's at every
     count have its positions' bits. Each of the other settings' products is a parallel region of several
     threads, which stalls where another process holds one of their cores: on an AMD EPYC of 2 cores with
-    one kept busy, a model's probes took 1.2-1.5 s on two threads against 0.4 on one (benchmarks/RESULTS.md,
-    2026-12-01)."""
+    one kept busy, the demo model's prepacking took 1.31-1.52 s on two threads with those products,
+    1.11-1.24 s without, 0.4 on one thread (benchmarks/RESULTS.md, 2026-12-01)."""
 
     def alone(i: int) -> Tensor:
         return product(F.pad(x[i : i + 1], (0, 0, 0, least - 1)))[:1]
