@@ -61,6 +61,30 @@ def test_fbgemms_product_does_not_ask_its_packed_weights_for_a_torch_function(mo
     assert torch.equal(got, torch.addcmul(bias, plain, a))
 
 
+def test_fbgemms_output_projection_gives_a_union_its_integers_without_prepacking_row_by_row(monkeypatch):
+    """A shortlist builds its union of the output projection's rows for every batch. fbgemm prepacks a
+    matrix of one scale per row one row's scale at a time, each through item() (1.37 ms for one
+    sentence's 320 rows, against 0.28 for one scale over all), and quantizing the rows' floats again
+    took 0.73 ms more: the output projection's product (built to `gather`) keeps one scale of 1 in
+    fbgemm's copy and its rows' own scales beside it, and a union gathers its integers."""
+    torch.manual_seed(0)
+    weight, bias = torch.randn(500, 64) / 8, torch.randn(500)
+    ids = torch.randperm(500)[:96].sort().values
+    full = Int8Linear(weight, bias, gather=True, product=int8._Fbgemm(weight, bias, 7, gather=True))
+
+    def refused(*args, **kwargs):
+        raise AssertionError("quantized again")
+
+    monkeypatch.setattr(torch, "quantize_per_channel", refused)
+    with torch.inference_mode():
+        union = full.over(ids, weight[ids], bias[ids])
+        packed = torch.ops.quantized.linear_unpack(union.product.weight)[0]
+        assert packed.qscheme() == torch.per_tensor_affine and packed.q_scale() == 1.0
+        x = torch.randn(7, 64)
+        assert torch.equal(union(x), full(x)[:, ids])
+    assert torch.equal(union.product.integers(), full.product.integers()[ids])
+
+
 def test_every_linear_map_and_the_output_projection_are_quantized():
     torch.manual_seed(0)
     model = Transformer(make_config().model, 64).eval()

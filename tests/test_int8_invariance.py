@@ -142,22 +142,24 @@ def test_a_map_whose_sums_onednn_would_round_stays_on_int_mm_for_every_row_count
         assert torch.equal(alone, exact.mul_(int8.product.scales))
 
 
-def test_a_union_of_output_rows_gives_the_full_maps_numbers(each_kernel):
+@pytest.mark.parametrize("gather", [True, False], ids=["output-projection", "other-map"])
+def test_a_union_of_output_rows_gives_the_full_maps_numbers(each_kernel, gather):
     """A shortlist's union of the output projection's rows (`Int8Linear.over`): its integers gathered
-    where the kernel keeps them, else its floats quantized again; either way each column the full map's,
-    to the bit, and the integers those rows quantized alone give."""
+    where the kernel keeps them (the output projection is built to `gather`), else its floats quantized
+    again; either way each column the full map's, to the bit, and the integers those rows quantized
+    alone give."""
     torch.manual_seed(0)
     weight, bias = torch.randn(500, 64), torch.randn(500)
     ids = torch.randperm(500)[:96].sort().values
     x = torch.randn(40, 64) * torch.logspace(-2, 2, 40)[:, None]
     with torch.inference_mode():
-        full = Int8Linear(weight, bias)
+        full = Int8Linear(weight, bias, gather=gather)
         union = full.over(ids, weight[ids], bias[ids])
         for rows in (1, 4, 40):
             assert torch.equal(union(x[:rows]), full(x[:rows])[:, ids]), rows
     kept = union.product.integers() if hasattr(union.product, "integers") else None
     if kept is not None:
-        assert torch.equal(kept, Int8Linear(weight[ids], bias[ids]).product.integers())
+        assert torch.equal(kept, Int8Linear(weight[ids], bias[ids], gather=gather).product.integers())
 
 
 def test_the_preferred_kernel_is_exact_here_with_seven_or_eight_bits():
