@@ -65,6 +65,7 @@ from nmt.translate.prepacked import in_row_buckets
 
 PROBE_ROWS = (1, 3, 8, 64, 512)  # the row counts at which `kernel` checks each product
 _TINY = 1e-30  # the scale of an all-zero row, whose integers are then all 0
+_ENDS = torch.tensor([1.0, -1.0])  # the two columns that make each of fbgemm's calls span [-1, 1]
 
 
 def _row_integers(rows: Tensor) -> tuple[Tensor, Tensor]:
@@ -299,8 +300,11 @@ class _Fbgemm(_Kernel):
     def spanned(self, rows: Tensor, divisor: Tensor | float) -> Tensor:
         """(M, in) -> (M, in + 2): the rows divided by `divisor`, then +1 and -1, in one pass."""
         x = rows.new_empty(rows.shape[0], self.in_features + 2)
-        x[:, self.in_features], x[:, self.in_features + 1] = 1.0, -1.0
-        torch.div(rows, divisor, out=x[:, : self.in_features])
+        # narrow and copy_, not x[:, i] = 1.0 twice and x[:, :i]: two operators fewer, and Python's
+        # indexing is slower than a method (one sentence of the student, greedy: 0.965x the time; files
+        # the same, 1.009x; AMD EPYC, avx2 only, one thread, paired in one process)
+        x.narrow(1, self.in_features, 2).copy_(_ENDS)
+        torch.div(rows, divisor, out=x.narrow(1, 0, self.in_features))
         return x
 
     def __call__(self, rows: Tensor) -> Tensor:
