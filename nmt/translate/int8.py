@@ -66,6 +66,11 @@ from nmt.translate.prepacked import in_row_buckets
 PROBE_ROWS = (1, 3, 8, 64, 512)  # the row counts at which `kernel` checks each product
 _TINY = 1e-30  # the scale of an all-zero row, whose integers are then all 0
 _ENDS = torch.tensor([1.0, -1.0])  # the two columns that make each of fbgemm's calls span [-1, 1]
+# fbgemm's product as the C++ function torch's operator wraps: the wrapper (an OpOverloadPacket of an
+# operator with a TorchScript argument) looks through every call's arguments in Python for the fake
+# objects of a trace first, 5 us of a one-row product's 13-18 (one sentence of the student, greedy with
+# its shortlist: 0.953x the time, the same translations; AMD EPYC, avx2 only, one thread)
+_LINEAR_DYNAMIC = getattr(torch.ops.quantized.linear_dynamic, "_op", torch.ops.quantized.linear_dynamic)
 
 
 def _row_integers(rows: Tensor) -> tuple[Tensor, Tensor]:
@@ -253,7 +258,7 @@ class _Fbgemm(_Kernel):
         # subclasses) it is not looked up: one row through a 256 x 256 map took 26-45 us, 10-14 so
         # (AMD EPYC with AVX2, one thread; benchmarks/RESULTS.md, 2026-12-01)
         with torch._C.DisableTorchFunctionSubclass():
-            return torch.ops.quantized.linear_dynamic(x, packed, reduce_range)
+            return _LINEAR_DYNAMIC(x, packed, reduce_range)
 
     @staticmethod
     def _pack(weight: Tensor, scales: Tensor) -> Tensor:
