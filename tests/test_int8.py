@@ -85,6 +85,32 @@ def test_fbgemms_product_skips_the_python_check_of_its_arguments_for_a_traces_fa
     assert torch.equal(got, torch.addcmul(product.bias, plain, a))
 
 
+def test_fbgemms_few_rows_divide_into_a_buffer_of_their_threads_kept_between_calls():
+    """A call of a few rows (a sentence's decoder step) divides them into a buffer this thread keeps, not
+    into a tensor of its own built in four operators; each thread has its own (`nmt translate`'s workers
+    and `nmt serve` share one model), and it is no inference tensor, so a call outside inference mode
+    after one inside still writes it. Calls of more rows build their own."""
+    import threading
+
+    torch.manual_seed(0)
+    product = int8._Fbgemm(torch.randn(32, 64) / 8, torch.randn(32), 7)
+    rows = torch.randn(2, 64)
+    with torch.inference_mode():
+        first = product(rows)
+        kept = product.spanned(rows, 1.0)
+    with torch.no_grad():
+        assert torch.equal(product(rows), first)
+        assert product.spanned(rows * 2, 1.0) is kept and torch.equal(kept[:, :64], rows * 2)
+        large = torch.randn(int8.KEPT_ROWS + 1, 64)
+        assert product.spanned(large, 1.0) is not product.spanned(large, 1.0)
+        elsewhere = []
+        thread = threading.Thread(target=lambda: elsewhere.append(product.spanned(rows * 3, 1.0)))
+        thread.start()
+        thread.join()
+        assert elsewhere[0] is not kept and torch.equal(kept[:, :64], rows * 2)
+        assert torch.equal(elsewhere[0][:, :64], rows * 3) and torch.equal(kept[:, 64:], elsewhere[0][:, 64:])
+
+
 def test_fbgemms_output_projection_gives_a_union_its_integers_without_prepacking_row_by_row(monkeypatch):
     """A shortlist builds its union of the output projection's rows for every batch. fbgemm prepacks a
     matrix of one scale per row one row's scale at a time, each through item() (1.37 ms for one
