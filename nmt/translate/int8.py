@@ -321,7 +321,7 @@ class _Fbgemm(_Kernel):
             # the same (AMD EPYC, avx2 only, one thread, paired in one process, the same translations).
             with torch.inference_mode(False):
                 x = self.span(rows.new_zeros(m, self.in_features), 1.0)
-            kept[key] = (x, x.narrow(1, 0, self.in_features))
+                kept[key] = (x, x.narrow(1, 0, self.in_features))
         x, head = kept[key]
         torch.div(rows, divisor, out=head)
         return x
