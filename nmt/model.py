@@ -279,6 +279,10 @@ class Transformer(nn.Module):
         # Inference only: the output projection (weights and bias) in a CPU kernel's own layout, int8
         # (nmt.translate.int8) or prepacked fp32 (nmt.translate.prepacked): `compile_output`
         self.output_kernel: nn.Module | None = None
+        # Inference only: the decoder step in TorchScript (nmt.translate.scripted) for steps of up to
+        # `step_rows` rows (sentences x beam), the same operators as `step`'s own: `compile_step`
+        self.step_kernel: nn.Module | None = None
+        self.step_rows = 0
         if initialise:
             self.reset_parameters()
 
@@ -307,6 +311,12 @@ class Transformer(nn.Module):
         over the current weights (nmt.translate.int8.Int8Linear, nmt.translate.prepacked.PrepackedLinear)."""
         self.output_kernel = kernel(self.output_weight, self.output_bias)
 
+    def compile_step(self, kernel: nn.Module, rows: int) -> None:
+        """For inference: steps of up to `rows` rows from now on through `kernel`, which maps
+        (tokens, t, self_kv, mem_kv, src_bias, beam) to the decoder's final hidden states (N, D) and writes
+        the self-attention cache at t as `step` does (nmt.translate.scripted.ScriptedStep)."""
+        self.step_kernel, self.step_rows = kernel, rows
+
     def reset_parameters(self) -> None:
         """Xavier-uniform linear maps, N(0, D^-1/2) embeddings, as tensor2tensor and fairseq initialise."""
         for module in self.modules():
@@ -324,13 +334,16 @@ class Transformer(nn.Module):
         model.decoder_start zero its embedding is a zero vector instead of BOS's row (Marian's convention).
         """
         t = tokens.shape[1]
-        if offset + t > self.cfg.max_positions:
-            raise ValueError(f"sequence of {offset + t} positions exceeds model.max_positions")
+        self.check_positions(offset + t)
         e = self.embed(tokens)  # (B, T, D)
         if target and offset == 0 and self.cfg.decoder_start == "zero":
             e = F.pad(e[:, 1:], (0, 0, 1, 0))  # (B, T, D): position 0's embedding is zero
         x = e * math.sqrt(self.cfg.d_model) + self.positions[offset : offset + t]
         return dropout(x, self.cfg.dropout, self.training)
+
+    def check_positions(self, length: int) -> None:
+        if length > self.cfg.max_positions:
+            raise ValueError(f"sequence of {length} positions exceeds model.max_positions")
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
         """(B, S) ids -> memory (B, S, D) and the key mask (B, 1, 1, S)."""
@@ -351,9 +364,13 @@ class Transformer(nn.Module):
 
     def output(self, y: Tensor) -> Tensor:
         """Pre-softmax projection with the shared embedding matrix (plus output_bias): (.., D) -> (.., V)."""
+        return self.project(self.decoder_norm(y))
+
+    def project(self, h: Tensor) -> Tensor:
+        """The projection alone, of final hidden states h (.., D) -> (.., V)."""
         if self.output_kernel is not None:
-            return self.output_kernel(self.decoder_norm(y))
-        return F.linear(self.decoder_norm(y), self.output_weight, self.output_bias)
+            return self.output_kernel(h)
+        return F.linear(h, self.output_weight, self.output_bias)
 
     @property
     def max_positions(self) -> int:
@@ -407,14 +424,19 @@ class Transformer(nn.Module):
             if t >= state.max_len:
                 raise ValueError(f"step {t + 1} is past the {state.max_len} positions of init_state")
             self.grow_cache(state, min(t + CACHE_BLOCK, state.max_len))
-        y = self.embed_tokens(tokens[:, None], offset=t, target=True)  # (N, 1, D)
-        for i, layer in enumerate(self.decoder):
-            mem_k, mem_v = state.mem_kv[i]  # each (B, H, S, K)
-            y = layer.step(y, state.self_kv[i][:, :n], t, mem_k, mem_v, state.src_bias, state.beam)
+        if n <= self.step_rows and not self.training:
+            self.check_positions(t + 1)
+            h = self.step_kernel(tokens, t, state.self_kv, state.mem_kv, state.src_bias, state.beam)
+        else:
+            y = self.embed_tokens(tokens[:, None], offset=t, target=True)  # (N, 1, D)
+            for i, layer in enumerate(self.decoder):
+                mem_k, mem_v = state.mem_kv[i]  # each (B, H, S, K)
+                y = layer.step(y, state.self_kv[i][:, :n], t, mem_k, mem_v, state.src_bias, state.beam)
+            h = self.decoder_norm(y[:, 0])  # (N, D)
         state.length = t + 1
         if state.output is not None:  # (N, U): over the shortlists' union only (nmt.translate.shortlist)
-            return state.output.logits(self.decoder_norm(y[:, 0]), state.beam), state
-        return self.output(y[:, 0]), state
+            return state.output.logits(h, state.beam), state
+        return self.project(h), state
 
     def reorder_beams(self, state: DecoderState, rows: Tensor) -> DecoderState:
         """Row i takes the history of row rows[i], a row of the same sentence (beam selection).

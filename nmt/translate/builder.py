@@ -50,6 +50,7 @@ class BuiltTranslator:
     # why the precision is what it is, for the log (device.inference_choice, int8.kernel_words); kept out
     # of `precision`, which chunk manifests compare on resume
     why: str = ""
+    step: str = ""  # how the decoder steps run where not all in eager PyTorch (step_words)
 
     @property
     def engine(self) -> Engine:
@@ -69,6 +70,7 @@ class BuiltTranslator:
         CPU in several threads), how its batches share them out (nmt.translate.threads)."""
         engine = "" if self.engine is Engine.TORCH else "CTranslate2 "
         text = f"device {self.device}, {engine}{self.precision}" + (f", {self.why}" if self.why else "")
+        text += f", {self.step}" if self.step else ""
         if threads is not None and threads > 1 and self.engine is Engine.TORCH and self.device.type == "cpu":
             text += f", {threads_words(threads)}"
         return text
@@ -145,7 +147,9 @@ def build_translator(
     )
     languages = cfg.data.src_lang, cfg.data.tgt_lang
     why = precision_words(precision, torch_device)
-    return BuiltTranslator(translator, *languages, torch_device, precision_of(model), sources, targets, why)
+    return BuiltTranslator(
+        translator, *languages, torch_device, precision_of(model), sources, targets, why, step_words(model)
+    )
 
 
 def model_languages(data, subword: Subword) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -260,6 +264,10 @@ def inference_model(model, precision: Precision, device: torch.device, prepack: 
             from nmt.translate.prepacked import prepack_model
 
             prepack_model(member)
+        if device.type == "cpu":
+            from nmt.translate.scripted import script_step
+
+            script_step(member)
     return model
 
 
@@ -270,6 +278,17 @@ def precision_words(precision: Precision | None, device: torch.device) -> str:
 
         return kernel_words()
     return inference_choice(precision, device) if precision is not None else ""
+
+
+def step_words(model) -> str:
+    """How the decoder steps run, for the log where TorchScript runs them (nmt.translate.scripted):
+    `decoder steps in TorchScript`, `... of up to 64 rows`; empty for eager steps."""
+    rows = min(m.step_rows for m in model.members)
+    if rows == 0:
+        return ""
+    from nmt.translate.scripted import ALL_ROWS
+
+    return "decoder steps in TorchScript" + ("" if rows == ALL_ROWS else f" of up to {rows} rows")
 
 
 def precision_of(model) -> str:

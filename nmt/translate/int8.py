@@ -109,6 +109,11 @@ class _Kernel:
         where it keeps none (prepacked only), and the rows are quantized again from their floats."""
         return None
 
+    def scripted(self) -> tuple[nn.Module, int] | None:
+        """This product as a TorchScript module of the same operators (nmt.translate.scripted) and the most
+        rows it serves; None where it has none (the eager step runs)."""
+        return None
+
     @classmethod
     def exact_with(cls, bits: int) -> bool:
         raise NotImplementedError
@@ -310,6 +315,9 @@ class _Fbgemm(_Kernel):
         product.weight = self._pack_integers(weight.index_select(0, ids))
         return product
 
+    def scripted(self) -> tuple[nn.Module, int]:
+        return ScriptedFbgemm(self), sys.maxsize
+
     def spanned(self, rows: Tensor, divisor: Tensor | float) -> Tensor:
         """(M, in) -> (M, in + 2): the rows divided by `divisor`, then +1 and -1, in one pass. For a few
         rows, the steps of one sentence, the result is a buffer of this thread's, valid until its next
@@ -374,6 +382,30 @@ class _Fbgemm(_Kernel):
             for m in PROBE_ROWS
             for rows in (slice(0, m), slice(len(k) - m, len(k)))
         )  # fmt: skip
+
+
+class ScriptedFbgemm(nn.Module):
+    """Int8Linear over _Fbgemm in TorchScript, operator for operator (`_Fbgemm.__call__`; its spanned input
+    built each call: a buffer kept per thread is Python's): (.., in) -> (.., out)."""
+
+    def __init__(self, product: _Fbgemm):
+        super().__init__()
+        self.packed, self.bias, self.scales = product.weight, product.bias, product.scales
+        self.reduce_range, self.in_features = product.bits < 8, product.in_features
+        self.ends, self.tiny = _ENDS.clone(), _TINY  # TorchScript reads no global float
+
+    def forward(self, x: Tensor) -> Tensor:
+        rows = x.reshape(-1, self.in_features)
+        a = rows.abs().amax(dim=1, keepdim=True).clamp_min_(self.tiny)  # (M, 1)
+        spanned = rows.new_empty([rows.shape[0], self.in_features + 2])
+        spanned.narrow(1, self.in_features, 2).copy_(self.ends)
+        torch.div(rows, a, out=spanned.narrow(1, 0, self.in_features))
+        y = torch.ops.quantized.linear_dynamic(spanned, self.packed, self.reduce_range)
+        scales = self.scales
+        if scales is not None:
+            y.mul_(scales)
+        y = torch.addcmul(self.bias, y, a, out=y)
+        return y.view(x.shape[:-1] + [y.shape[1]])
 
 
 # The row counts at which `_ByRows` times its two kernels; above the last, oneDNN's kernel runs.
@@ -551,6 +583,10 @@ class Int8Linear(nn.Module):
         one batch (a shortlist's union): its integers gathered where the kernel keeps them, else those
         floats quantized; what only its larger row counts need is built if they come."""
         return Int8Linear(weight, bias, one_batch=True, product=self.product.gathered(ids))
+
+    def scripted(self) -> tuple[nn.Module, int] | None:
+        """The product's TorchScript form and its most rows, or None (`_Kernel.scripted`)."""
+        return self.product.scripted()
 
     def forward(self, x: Tensor) -> Tensor:
         y = self.product(x.reshape(-1, self.in_features))  # (M, out)

@@ -37,6 +37,7 @@ from __future__ import annotations
 import bisect
 import functools
 from collections.abc import Callable
+from typing import Optional, Union  # noqa: UP035 - for TorchScript (ScriptedPrepacked)
 
 import torch
 import torch.nn.functional as F
@@ -128,6 +129,19 @@ class PrepackedLinear(nn.Module):
     def product(self, rows: Tensor) -> Tensor:
         return torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, self.activation, [], "")
 
+    def scripted(self) -> tuple[nn.Module, int] | None:
+        """This product as a TorchScript module of the same operators (nmt.translate.scripted), for the row
+        counts it pads into one piece (up to PAD_BELOW, where a step's operators are small), and how many
+        those are; None where even one row takes more than one piece."""
+        pad_to = [0]  # pad_to[m]: the row count m rows are padded to
+        for m in range(1, PAD_BELOW + 1):
+            pieces = row_pieces(m, self.least, self.most)
+            if len(pieces) > 1:
+                break
+            pad_to.append(pieces[0][1])
+        rows = len(pad_to) - 1
+        return (ScriptedPrepacked(self, pad_to), rows) if rows else None
+
     def over(self, ids: Tensor, weight: Tensor, bias: Tensor | None) -> PrepackedLinear:
         """The same product over this map's output rows `ids`, whose floats are `weight` and `bias` (a
         shortlist's union): laid out again, as oneDNN's layout cannot be gathered. Its rows are those probed
@@ -139,6 +153,28 @@ class PrepackedLinear(nn.Module):
     def extra_repr(self) -> str:
         fused = "" if self.activation == "none" else f", {self.activation} fused"
         return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN prepacked{fused}"
+
+
+class ScriptedPrepacked(nn.Module):
+    """PrepackedLinear in TorchScript for the rows that `in_row_buckets` multiplies in one piece, operator for
+    operator: (.., in) -> (.., out), for at most len(pad_to) - 1 rows."""
+
+    def __init__(self, linear: PrepackedLinear, pad_to: list[int]):
+        super().__init__()
+        self.packed, self.bias, self.activation = linear.packed, linear.bias, linear.activation
+        self.in_features, self.pad_to = linear.in_features, pad_to
+
+    def forward(self, x: Tensor) -> Tensor:
+        rows = x.reshape(-1, self.in_features)
+        m = rows.shape[0]
+        bucket = self.pad_to[m]
+        if bucket != m:
+            rows = F.pad(rows, [0, 0, 0, bucket - m])
+        none: list[Optional[Union[int, float, complex]]] = []  # noqa: UP007, UP045 - TorchScript's Scalar?[]
+        y = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, self.activation, none, "")
+        if bucket != m:
+            y = y[:m]
+        return y.view(x.shape[:-1] + [y.shape[1]])
 
 
 # The most rows `row_range` multiplies at once, and so the most any product runs at (more are cut into
@@ -271,7 +307,7 @@ def available(dtype: torch.dtype = torch.float32) -> bool:
         return False
 
 
-def _applied(x: Tensor) -> Tensor:
+def applied(x: Tensor) -> Tensor:
     """The activation of a FeedForward whose fc1 applies it already."""
     return x
 
@@ -298,7 +334,7 @@ def prepack_model(model: nn.Module) -> bool:
         # max(0, x W1 + b1) in one oneDNN call: fc1 applies the ReLU, the activation itself becomes a no-op.
         # The decoder's only: a step's operators are what one sentence waits for.
         if isinstance(ffn, FeedForward) and ffn.activation is F.relu:
-            ffn.fc1, ffn.activation = PrepackedLinear(ffn.fc1.weight, ffn.fc1.bias, "relu"), _applied
+            ffn.fc1, ffn.activation = PrepackedLinear(ffn.fc1.weight, ffn.fc1.bias, "relu"), applied
     for parent, name, child in linears:
         if getattr(parent, name) is child:  # not fc1 with its ReLU, done above
             setattr(parent, name, PrepackedLinear(child.weight, child.bias))

@@ -1,0 +1,243 @@
+"""The decoder step in TorchScript (nmt.translate.scripted) runs the eager step's operators in its order, so
+it must give the eager step's very bits: logits and caches, at every row count it serves, for every kernel
+it covers, and the same translations; where it cannot run, the eager step does."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+from nmt.checkpoint import load_model
+from nmt.config import Precision
+from nmt.model import Transformer
+from nmt.tokens import EOS
+from nmt.translate import inference_model
+from nmt.translate.builder import step_words
+from nmt.translate.int8 import KERNELS, _Fbgemm, _IntMM, quantize_int8
+from nmt.translate.prepacked import available as prepacked_available
+from nmt.translate.scripted import ALL_ROWS, script_step
+from nmt.translate.search import beam_search, greedy_search
+
+from .synthetic import make_config
+
+# numerics: compares numbers, so `make test` runs it again with the AVX2 kernels forced
+pytestmark = [pytest.mark.numerics, pytest.mark.usefixtures("one_torch_thread")]
+
+VOCAB = 64
+
+
+def random_model(**model: object) -> Transformer:
+    torch.manual_seed(0)
+    net = Transformer(dataclasses.replace(make_config().model, **model), VOCAB).eval()
+    for p in net.parameters():  # spread the logits, so that near-ties do not decide the search
+        p.data.mul_(2.0)
+    for module in net.modules():  # norms each of its own, so that one used for another shows
+        if isinstance(module, nn.LayerNorm):
+            module.weight.data.add_(torch.randn_like(module.weight) * 0.2)
+            module.bias.data.normal_(std=0.2)
+    return net
+
+
+def fbgemm_kernel(monkeypatch) -> None:
+    """fbgemm's int8 product, which runs on every x86 CPU, whatever `kernel` would prefer here."""
+    bits = _Fbgemm.probe()
+    if bits is None:
+        pytest.skip("fbgemm's int8 product is not exact here")
+    monkeypatch.setattr("nmt.translate.int8.kernel", lambda: (_Fbgemm, bits))
+
+
+def built(kind: str, monkeypatch, **model: object) -> Transformer:
+    """A random model in one of the kernels the scripted step covers, its step scripted."""
+    net = random_model(**model)
+    if kind == "int8-fbgemm":
+        fbgemm_kernel(monkeypatch)
+        net = inference_model(net, Precision.INT8, torch.device("cpu"))
+    elif kind in ("fp32-prepacked", "bf16-prepacked"):
+        dtype = torch.float32 if kind == "fp32-prepacked" else torch.bfloat16
+        if not prepacked_available(dtype):
+            pytest.skip(f"oneDNN's prepacked products do not run in {dtype} here")
+        precision = Precision("fp32" if dtype == torch.float32 else "bf16")
+        net = inference_model(net, precision, torch.device("cpu"))
+    else:  # F.linear, and in bf16 F.scaled_dot_product_attention (nmt.model.attention)
+        precision = Precision("bf16" if kind == "bf16-linear" else "fp32")
+        net = inference_model(net, precision, torch.device("cpu"), prepack=False)
+    assert net.step_rows > 0, f"{kind}: the step was not scripted"
+    return net
+
+
+KINDS = ["int8-fbgemm", "fp32-prepacked", "bf16-prepacked", "fp32-linear", "bf16-linear"]
+SHAPES = [  # (sentences, beam): one sentence greedy and at beam 4, a few, and more than 64 rows
+    (1, 1),
+    (1, 4),
+    (3, 2),
+    (20, 3),
+    (40, 2),
+]
+
+
+def sources(b: int, seed: int, vocab: int = VOCAB) -> torch.Tensor:
+    """(b, S) right-padded ids ending in EOS, of lengths 2 to 12."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(2, 13, (b,), generator=gen)
+    src = torch.zeros(b, int(lengths.max()), dtype=torch.long)
+    for i, n in enumerate(lengths.tolist()):
+        src[i, : n - 1] = torch.randint(4, vocab, (n - 1,), generator=gen)
+        src[i, n - 1] = EOS
+    return src
+
+
+def steps_both_ways(net: Transformer, b: int, beam: int, steps: int = 12) -> None:
+    """`steps` steps (past a cache block, so the cache grows) of the same tokens eagerly and scripted:
+    the same logits and caches, bit for bit."""
+    rows = net.step_rows
+    with torch.inference_mode():
+        memory, keep = net.encode(sources(b, seed=b * 10 + beam))
+        states = [net.init_state(memory, keep, steps, beam) for _ in range(2)]
+        gen = torch.Generator().manual_seed(1)
+        for _ in range(steps):
+            tokens = torch.randint(3, VOCAB, (b * beam,), generator=gen)
+            out = []
+            for state, scripted in zip(states, (False, True), strict=True):
+                net.step_rows = rows if scripted else 0
+                out.append(net.step(tokens, state)[0])
+            net.step_rows = rows
+            assert torch.equal(out[0], out[1]), (b, beam, states[0].length)
+        for eager, scripted in zip(states[0].self_kv, states[1].self_kv, strict=True):
+            n, t = b * beam, states[0].length
+            assert torch.equal(eager[:, :n, :, :t], scripted[:, :n, :, :t])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("b", "beam"), SHAPES)
+def test_the_scripted_step_gives_the_eager_steps_bits(monkeypatch, kind, b, beam):
+    steps_both_ways(built(kind, monkeypatch), b, beam)
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        {"norm": "post"},
+        {"activation": "swish"},
+        {"decoder_start": "zero"},
+        {"norm": "post", "decoder_start": "zero", "activation": "swish"},
+    ],
+    ids=lambda m: ",".join(f"{k}={v}" for k, v in m.items()),
+)
+@pytest.mark.parametrize("kind", ["int8-fbgemm", "fp32-prepacked", "fp32-linear"])
+def test_every_layer_variant_scripts_to_the_same_bits(monkeypatch, kind, model):
+    """Post-norm (the paper's), MarianMT's swish and zero start: what the eager step branches on."""
+    net = built(kind, monkeypatch, **model)
+    for b, beam in ((1, 1), (2, 4)):
+        steps_both_ways(net, b, beam)
+
+
+def test_int8_and_prepacked_steps_are_scripted_for_as_many_rows_as_their_kernels_serve(monkeypatch):
+    """fbgemm's scripted form serves any row count; oneDNN's prepacked one those it pads into one piece
+    (up to 64), and the eager step takes larger batches; the log says which."""
+    net = built("int8-fbgemm", monkeypatch)
+    assert net.step_rows == ALL_ROWS
+    assert step_words(net) == "decoder steps in TorchScript"
+    if prepacked_available(torch.float32):
+        net = built("fp32-prepacked", monkeypatch)
+        assert net.step_rows == 64
+        assert step_words(net) == "decoder steps in TorchScript of up to 64 rows"
+
+
+def test_the_scripted_model_keeps_its_state_dict(monkeypatch):
+    """The scripted step holds the model's own tensors, not copies, and adds no keys to its state_dict."""
+    net = random_model()
+    keys = set(net.state_dict())
+    fbgemm_kernel(monkeypatch)
+    quantize_int8(net)
+    keys_int8 = set(net.state_dict())
+    assert script_step(net)
+    assert set(net.state_dict()) == keys_int8 <= keys | keys_int8
+    assert net.step_kernel.embed.data_ptr() == net.embed.weight.data_ptr()
+
+
+def test_a_kernel_without_a_scripted_form_or_a_failing_script_leaves_the_eager_step(monkeypatch):
+    net = random_model()
+    bits = _IntMM.probe() if _IntMM in KERNELS else None
+    if bits is not None:  # torch._int_mm has no scripted form
+        monkeypatch.setattr("nmt.translate.int8.kernel", lambda: (_IntMM, bits))
+        assert not script_step(quantize_int8(random_model()))
+    fbgemm_kernel(monkeypatch)
+    quantize_int8(net)
+
+    def failing(module):
+        raise RuntimeError("no TorchScript here")
+
+    monkeypatch.setattr(torch.jit, "script", failing)
+    assert not script_step(net)
+    assert net.step_kernel is None and net.step_rows == 0 and step_words(net) == ""
+    with torch.inference_mode():
+        memory, keep = net.encode(sources(2, seed=0))
+        logits, _ = net.step(torch.tensor([1, 1]), net.init_state(memory, keep, 4))
+    assert logits.shape == (2, VOCAB)
+
+
+def test_a_model_in_training_mode_steps_eagerly(monkeypatch):
+    net = built("fp32-linear", monkeypatch)
+
+    class Refusing(nn.Module):
+        def forward(self, *args):
+            raise AssertionError("the scripted step ran in training mode")
+
+    net.step_kernel = Refusing()
+    net.train()
+    with torch.no_grad():
+        memory, keep = net.encode(sources(2, seed=0))
+        logits, _ = net.step(torch.tensor([1, 1]), net.init_state(memory, keep, 4))
+    assert logits.shape == (2, VOCAB)
+
+
+def test_threads_stepping_one_scripted_model_at_once_get_their_own_results(monkeypatch):
+    """`nmt serve`'s search threads share one model: its scripted step keeps nothing between calls, so
+    concurrent steps of different batches give what each gives alone."""
+    net = built("int8-fbgemm", monkeypatch)
+
+    def run(b: int) -> list[torch.Tensor]:
+        with torch.inference_mode():
+            memory, keep = net.encode(sources(b, seed=b))
+            state, out = net.init_state(memory, keep, 10), []
+            for t in range(10):
+                out.append(net.step(torch.full((b,), 3 + t), state)[0])
+            return out
+
+    alone = {b: run(b) for b in (1, 2, 5, 9)}
+    results: dict[int, list[torch.Tensor]] = {}
+    threads = [threading.Thread(target=lambda b=b: results.__setitem__(b, run(b))) for b in alone]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for b, logits in alone.items():
+        assert all(torch.equal(x, y) for x, y in zip(logits, results[b], strict=True)), b
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["int8", "fp32"])
+def test_a_trained_model_translates_the_same_scripted_and_eager(synthetic_run, monkeypatch, precision):
+    """Hypotheses and scores of a model that has learned its task, greedy and at beam 4, one sentence at a
+    time and in a batch."""
+    if precision == "int8":
+        fbgemm_kernel(monkeypatch)
+    net, _, cfg = load_model(synthetic_run / "checkpoints" / "best.pt")
+    net = inference_model(net, Precision(precision), torch.device("cpu"))
+    rows = net.step_rows
+    assert rows > 0
+    src = sources(24, seed=7, vocab=net.vocab_size)
+
+    def searched(scripted: bool) -> list:
+        net.step_rows = rows if scripted else 0
+        with torch.inference_mode():
+            one = [greedy_search(net, src[i : i + 1], 1.0, 5)[0] for i in range(4)]
+            one += [beam_search(net, src[i : i + 1], 4, 0.6, 1.0, 5)[0][0] for i in range(4)]
+            batch = greedy_search(net, src, 1.0, 5) + [h[0] for h in beam_search(net, src, 4, 0.6, 1.0, 5)]
+            return one + batch
+
+    assert searched(True) == searched(False)
