@@ -279,10 +279,12 @@ class Transformer(nn.Module):
         # Inference only: the output projection (weights and bias) in a CPU kernel's own layout, int8
         # (nmt.translate.int8) or prepacked fp32 (nmt.translate.prepacked): `compile_output`
         self.output_kernel: nn.Module | None = None
-        # Inference only: the decoder step in TorchScript (nmt.translate.scripted) for steps of up to
-        # `step_rows` rows (sentences x beam), the same operators as `step`'s own: `compile_step`
+        # Inference only: the encoder and the decoder step in TorchScript (nmt.translate.scripted), the
+        # same operators as `encode`'s and `step`'s own, for batches of up to `encode_rows` source positions
+        # and steps of up to `step_rows` rows (sentences x beam): `compile_scripted`
+        self.encode_kernel: nn.Module | None = None
         self.step_kernel: nn.Module | None = None
-        self.step_rows = 0
+        self.encode_rows = self.step_rows = 0
         if initialise:
             self.reset_parameters()
 
@@ -311,11 +313,15 @@ class Transformer(nn.Module):
         over the current weights (nmt.translate.int8.Int8Linear, nmt.translate.prepacked.PrepackedLinear)."""
         self.output_kernel = kernel(self.output_weight, self.output_bias)
 
-    def compile_step(self, kernel: nn.Module, rows: int) -> None:
-        """For inference: steps of up to `rows` rows from now on through `kernel`, which maps
-        (tokens, t, self_kv, mem_kv, src_bias, beam) to the decoder's final hidden states (N, D) and writes
-        the self-attention cache at t as `step` does (nmt.translate.scripted.ScriptedStep)."""
-        self.step_kernel, self.step_rows = kernel, rows
+    def compile_scripted(
+        self, encoder: nn.Module | None, encode_rows: int, step: nn.Module | None, step_rows: int
+    ) -> None:
+        """For inference: batches of up to `encode_rows` source positions (B x S) from now on encoded by
+        `encoder`, (B, S) ids -> (memory, key mask) as `encode`; steps of up to `step_rows` rows by `step`,
+        (tokens, t, self_kv, mem_kv, src_bias, beam) -> the final hidden states (N, D), writing the
+        self-attention cache at t as `step` does (nmt.translate.scripted). None and 0: the eager path."""
+        self.encode_kernel, self.encode_rows = encoder, encode_rows
+        self.step_kernel, self.step_rows = step, step_rows
 
     def reset_parameters(self) -> None:
         """Xavier-uniform linear maps, N(0, D^-1/2) embeddings, as tensor2tensor and fairseq initialise."""
@@ -347,6 +353,9 @@ class Transformer(nn.Module):
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
         """(B, S) ids -> memory (B, S, D) and the key mask (B, 1, 1, S)."""
+        if src.numel() <= self.encode_rows and not self.training:
+            self.check_positions(src.shape[1])
+            return self.encode_kernel(src)
         src_keep = padding_mask(src)
         x = self.embed_tokens(src)
         for layer in self.encoder:

@@ -212,7 +212,9 @@ def test_the_log_says_what_the_products_run_in_and_why(synthetic_run: Path):
     assert ("with native bf16 (" in auto) == native and ("without native bf16" in auto) == (not native)
     fp32 = summary("--device", "cpu", "--dtype", "fp32")
     assert "prepacked for oneDNN)" in fp32
-    assert fp32.endswith(", decoder steps in TorchScript of up to 64 rows")
+    assert fp32.endswith(
+        ", encoder (up to 64 source tokens) and decoder steps (up to 64 rows) in TorchScript"
+    )
 
 
 def test_int8_translations_score_as_fp32s(synthetic_run: Path):

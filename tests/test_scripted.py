@@ -1,11 +1,13 @@
-"""The decoder step in TorchScript (nmt.translate.scripted) runs the eager step's operators in its order, so
-it must give the eager step's very bits: logits and caches, at every row count it serves, for every kernel
-it covers, and the same translations; where it cannot run, the eager step does."""
+"""The encoder and the decoder step in TorchScript (nmt.translate.scripted) run the eager operators in their
+order, so they must give the eager path's very bits: memory, logits and caches, at every row count they
+serve, for every kernel they cover, and the same translations; where they cannot run, the eager path does."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -16,10 +18,10 @@ from nmt.config import Precision
 from nmt.model import Transformer
 from nmt.tokens import EOS
 from nmt.translate import inference_model
-from nmt.translate.builder import step_words
+from nmt.translate.builder import scripted_words
 from nmt.translate.int8 import KERNELS, _Fbgemm, _IntMM, quantize_int8
 from nmt.translate.prepacked import available as prepacked_available
-from nmt.translate.scripted import ALL_ROWS, script_step
+from nmt.translate.scripted import ALL_ROWS, script_model
 from nmt.translate.search import beam_search, greedy_search
 
 from .synthetic import make_config
@@ -65,8 +67,19 @@ def built(kind: str, monkeypatch, **model: object) -> Transformer:
     else:  # F.linear, and in bf16 F.scaled_dot_product_attention (nmt.model.attention)
         precision = Precision("bf16" if kind == "bf16-linear" else "fp32")
         net = inference_model(net, precision, torch.device("cpu"), prepack=False)
-    assert net.step_rows > 0, f"{kind}: the step was not scripted"
+    assert net.step_rows > 0 and net.encode_rows > 0, f"{kind}: not scripted"
     return net
+
+
+@contextlib.contextmanager
+def eager(net: Transformer) -> Iterator[None]:
+    """The model with its scripted paths off inside the block."""
+    rows = net.encode_rows, net.step_rows
+    net.encode_rows = net.step_rows = 0
+    try:
+        yield
+    finally:
+        net.encode_rows, net.step_rows = rows
 
 
 KINDS = ["int8-fbgemm", "fp32-prepacked", "bf16-prepacked", "fp32-linear", "bf16-linear"]
@@ -91,24 +104,24 @@ def sources(b: int, seed: int, vocab: int = VOCAB) -> torch.Tensor:
 
 
 def steps_both_ways(net: Transformer, b: int, beam: int, steps: int = 12) -> None:
-    """`steps` steps (past a cache block, so the cache grows) of the same tokens eagerly and scripted:
-    the same logits and caches, bit for bit."""
-    rows = net.step_rows
+    """The sources encoded, and `steps` steps (past a cache block, so the cache grows) of the same tokens
+    taken, eagerly and scripted: the same memory, logits and caches, bit for bit."""
     with torch.inference_mode():
-        memory, keep = net.encode(sources(b, seed=b * 10 + beam))
+        src = sources(b, seed=b * 10 + beam)
+        with eager(net):
+            memory, keep = net.encode(src)
+        scripted_memory, scripted_keep = net.encode(src)
+        assert torch.equal(memory, scripted_memory) and torch.equal(keep, scripted_keep), (b, src.shape)
         states = [net.init_state(memory, keep, steps, beam) for _ in range(2)]
         gen = torch.Generator().manual_seed(1)
         for _ in range(steps):
             tokens = torch.randint(3, VOCAB, (b * beam,), generator=gen)
-            out = []
-            for state, scripted in zip(states, (False, True), strict=True):
-                net.step_rows = rows if scripted else 0
-                out.append(net.step(tokens, state)[0])
-            net.step_rows = rows
-            assert torch.equal(out[0], out[1]), (b, beam, states[0].length)
-        for eager, scripted in zip(states[0].self_kv, states[1].self_kv, strict=True):
-            n, t = b * beam, states[0].length
-            assert torch.equal(eager[:, :n, :, :t], scripted[:, :n, :, :t])
+            with eager(net):
+                logits = net.step(tokens, states[0])[0]
+            assert torch.equal(logits, net.step(tokens, states[1])[0]), (b, beam, states[0].length)
+        n, t = b * beam, states[0].length
+        for by_eager, by_script in zip(states[0].self_kv, states[1].self_kv, strict=True):
+            assert torch.equal(by_eager[:, :n, :, :t], by_script[:, :n, :, :t])
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -120,31 +133,33 @@ def test_the_scripted_step_gives_the_eager_steps_bits(monkeypatch, kind, b, beam
 @pytest.mark.parametrize(
     "model",
     [
-        {"norm": "post"},
+        {"norm": "pre"},
         {"activation": "swish"},
         {"decoder_start": "zero"},
-        {"norm": "post", "decoder_start": "zero", "activation": "swish"},
+        {"norm": "pre", "decoder_start": "zero", "activation": "swish"},
     ],
     ids=lambda m: ",".join(f"{k}={v}" for k, v in m.items()),
 )
 @pytest.mark.parametrize("kind", ["int8-fbgemm", "fp32-prepacked", "fp32-linear"])
 def test_every_layer_variant_scripts_to_the_same_bits(monkeypatch, kind, model):
-    """Post-norm (the paper's), MarianMT's swish and zero start: what the eager step branches on."""
+    """Pre-norm (the paper's post-norm is the default), MarianMT's swish and zero start: what the eager
+    path branches on."""
     net = built(kind, monkeypatch, **model)
     for b, beam in ((1, 1), (2, 4)):
         steps_both_ways(net, b, beam)
 
 
-def test_int8_and_prepacked_steps_are_scripted_for_as_many_rows_as_their_kernels_serve(monkeypatch):
+def test_int8_and_prepacked_models_are_scripted_for_as_many_rows_as_their_kernels_serve(monkeypatch):
     """fbgemm's scripted form serves any row count; oneDNN's prepacked one those it pads into one piece
-    (up to 64), and the eager step takes larger batches; the log says which."""
+    (up to 64), and the eager path takes larger batches; the log says which."""
     net = built("int8-fbgemm", monkeypatch)
-    assert net.step_rows == ALL_ROWS
-    assert step_words(net) == "decoder steps in TorchScript"
+    assert net.step_rows == net.encode_rows == ALL_ROWS
+    assert scripted_words(net) == "encoder and decoder steps in TorchScript"
     if prepacked_available(torch.float32):
         net = built("fp32-prepacked", monkeypatch)
-        assert net.step_rows == 64
-        assert step_words(net) == "decoder steps in TorchScript of up to 64 rows"
+        assert net.step_rows == net.encode_rows == 64
+        words = "encoder (up to 64 source tokens) and decoder steps (up to 64 rows) in TorchScript"
+        assert scripted_words(net) == words
 
 
 def test_the_scripted_model_keeps_its_state_dict(monkeypatch):
@@ -154,9 +169,10 @@ def test_the_scripted_model_keeps_its_state_dict(monkeypatch):
     fbgemm_kernel(monkeypatch)
     quantize_int8(net)
     keys_int8 = set(net.state_dict())
-    assert script_step(net)
+    assert script_model(net)
     assert set(net.state_dict()) == keys_int8 <= keys | keys_int8
     assert net.step_kernel.embed.data_ptr() == net.embed.weight.data_ptr()
+    assert net.encode_kernel.embed.data_ptr() == net.embed.weight.data_ptr()
 
 
 def test_a_kernel_without_a_scripted_form_or_a_failing_script_leaves_the_eager_step(monkeypatch):
@@ -164,7 +180,7 @@ def test_a_kernel_without_a_scripted_form_or_a_failing_script_leaves_the_eager_s
     bits = _IntMM.probe() if _IntMM in KERNELS else None
     if bits is not None:  # torch._int_mm has no scripted form
         monkeypatch.setattr("nmt.translate.int8.kernel", lambda: (_IntMM, bits))
-        assert not script_step(quantize_int8(random_model()))
+        assert not script_model(quantize_int8(random_model()))
     fbgemm_kernel(monkeypatch)
     quantize_int8(net)
 
@@ -172,22 +188,22 @@ def test_a_kernel_without_a_scripted_form_or_a_failing_script_leaves_the_eager_s
         raise RuntimeError("no TorchScript here")
 
     monkeypatch.setattr(torch.jit, "script", failing)
-    assert not script_step(net)
-    assert net.step_kernel is None and net.step_rows == 0 and step_words(net) == ""
+    assert not script_model(net)
+    assert net.step_kernel is None and net.encode_kernel is None and scripted_words(net) == ""
     with torch.inference_mode():
         memory, keep = net.encode(sources(2, seed=0))
         logits, _ = net.step(torch.tensor([1, 1]), net.init_state(memory, keep, 4))
     assert logits.shape == (2, VOCAB)
 
 
-def test_a_model_in_training_mode_steps_eagerly(monkeypatch):
+def test_a_model_in_training_mode_encodes_and_steps_eagerly(monkeypatch):
     net = built("fp32-linear", monkeypatch)
 
     class Refusing(nn.Module):
         def forward(self, *args):
-            raise AssertionError("the scripted step ran in training mode")
+            raise AssertionError("a scripted path ran in training mode")
 
-    net.step_kernel = Refusing()
+    net.step_kernel = net.encode_kernel = Refusing()
     net.train()
     with torch.no_grad():
         memory, keep = net.encode(sources(2, seed=0))
@@ -228,16 +244,16 @@ def test_a_trained_model_translates_the_same_scripted_and_eager(synthetic_run, m
         fbgemm_kernel(monkeypatch)
     net, _, cfg = load_model(synthetic_run / "checkpoints" / "best.pt")
     net = inference_model(net, Precision(precision), torch.device("cpu"))
-    rows = net.step_rows
-    assert rows > 0
+    assert net.step_rows > 0 and net.encode_rows > 0
     src = sources(24, seed=7, vocab=net.vocab_size)
 
-    def searched(scripted: bool) -> list:
-        net.step_rows = rows if scripted else 0
+    def searched() -> list:
         with torch.inference_mode():
             one = [greedy_search(net, src[i : i + 1], 1.0, 5)[0] for i in range(4)]
             one += [beam_search(net, src[i : i + 1], 4, 0.6, 1.0, 5)[0][0] for i in range(4)]
             batch = greedy_search(net, src, 1.0, 5) + [h[0] for h in beam_search(net, src, 4, 0.6, 1.0, 5)]
             return one + batch
 
-    assert searched(True) == searched(False)
+    scripted = searched()
+    with eager(net):
+        assert searched() == scripted

@@ -50,7 +50,7 @@ class BuiltTranslator:
     # why the precision is what it is, for the log (device.inference_choice, int8.kernel_words); kept out
     # of `precision`, which chunk manifests compare on resume
     why: str = ""
-    step: str = ""  # how the decoder steps run where not all in eager PyTorch (step_words)
+    scripted: str = ""  # what runs in TorchScript rather than eager PyTorch (scripted_words)
 
     @property
     def engine(self) -> Engine:
@@ -70,7 +70,7 @@ class BuiltTranslator:
         CPU in several threads), how its batches share them out (nmt.translate.threads)."""
         engine = "" if self.engine is Engine.TORCH else "CTranslate2 "
         text = f"device {self.device}, {engine}{self.precision}" + (f", {self.why}" if self.why else "")
-        text += f", {self.step}" if self.step else ""
+        text += f", {self.scripted}" if self.scripted else ""
         if threads is not None and threads > 1 and self.engine is Engine.TORCH and self.device.type == "cpu":
             text += f", {threads_words(threads)}"
         return text
@@ -148,7 +148,14 @@ def build_translator(
     languages = cfg.data.src_lang, cfg.data.tgt_lang
     why = precision_words(precision, torch_device)
     return BuiltTranslator(
-        translator, *languages, torch_device, precision_of(model), sources, targets, why, step_words(model)
+        translator,
+        *languages,
+        torch_device,
+        precision_of(model),
+        sources,
+        targets,
+        why,
+        scripted_words(model),
     )
 
 
@@ -265,9 +272,9 @@ def inference_model(model, precision: Precision, device: torch.device, prepack: 
 
             prepack_model(member)
         if device.type == "cpu":
-            from nmt.translate.scripted import script_step
+            from nmt.translate.scripted import script_model
 
-            script_step(member)
+            script_model(member)
     return model
 
 
@@ -280,15 +287,21 @@ def precision_words(precision: Precision | None, device: torch.device) -> str:
     return inference_choice(precision, device) if precision is not None else ""
 
 
-def step_words(model) -> str:
-    """How the decoder steps run, for the log where TorchScript runs them (nmt.translate.scripted):
-    `decoder steps in TorchScript`, `... of up to 64 rows`; empty for eager steps."""
-    rows = min(m.step_rows for m in model.members)
-    if rows == 0:
-        return ""
+def scripted_words(model) -> str:
+    """What TorchScript runs, for the log (nmt.translate.scripted): `encoder and decoder steps in
+    TorchScript`, or with the most each serves, `encoder (up to 64 source tokens) and decoder steps (up to
+    64 rows) in TorchScript`; empty where everything runs eagerly."""
     from nmt.translate.scripted import ALL_ROWS
 
-    return "decoder steps in TorchScript" + ("" if rows == ALL_ROWS else f" of up to {rows} rows")
+    parts = []
+    for name, rows, unit in (
+        ("encoder", "encode_rows", "source tokens"),
+        ("decoder steps", "step_rows", "rows"),
+    ):
+        most = min(getattr(m, rows) for m in model.members)
+        if most:
+            parts.append(name + ("" if most == ALL_ROWS else f" (up to {most} {unit})"))
+    return f"{' and '.join(parts)} in TorchScript" if parts else ""
 
 
 def precision_of(model) -> str:

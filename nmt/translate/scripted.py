@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nmt.model import DecoderLayer, Transformer
+from nmt.model import DecoderLayer, EncoderLayer, Transformer
 from nmt.tokens import PAD
 
 ALL_ROWS = sys.maxsize  # the rows of a kernel whose scripted form serves any number
@@ -80,20 +80,64 @@ def scripted_norm(norm: nn.Module) -> nn.Module:
     return nn.Identity() if isinstance(norm, nn.Identity) else ScriptedLayerNorm(norm)
 
 
+class ScriptedFeedForward(nn.Module):
+    """FeedForward: fc2(activation(fc1(x))), the activation by name (TorchScript calls no Python function):
+    relu, swish, or none where fc1 applies it (nmt.translate.prepacked)."""
+
+    def __init__(self, fc1: nn.Module, fc2: nn.Module, activation: str):
+        super().__init__()
+        self.fc1, self.fc2, self.activation = fc1, fc2, activation
+
+    def forward(self, h: Tensor) -> Tensor:
+        h = self.fc1(h)
+        if self.activation == "relu":
+            h = F.relu(h)
+        elif self.activation == "swish":
+            h = F.silu(h)
+        return self.fc2(h)
+
+
+def merge_heads(y: Tensor) -> Tensor:
+    """(B, H, T, K) -> (B, T, D), as MultiHeadAttention.merge_heads."""
+    b, t = y.shape[0], y.shape[2]
+    return y.transpose(1, 2).reshape(b, t, -1)
+
+
+class ScriptedEncoderLayer(nn.Module):
+    """EncoderLayer.forward at inference, operator for operator (nmt.model: self_attention, Residual)."""
+
+    def __init__(self, layer: EncoderLayer, maps: dict[str, nn.Module], ffn: ScriptedFeedForward):
+        super().__init__()
+        self.heads, self.d_head = layer.self_attn.heads, layer.self_attn.d_head
+        self.qkv_proj, self.out_proj, self.ffn = maps["self_attn.qkv_proj"], maps["self_attn.out_proj"], ffn
+        self.norm_attn, self.norm_ffn = scripted_norm(layer.res_attn.norm), scripted_norm(layer.res_ffn.norm)
+        self.pre_norm = layer.res_attn.pre_norm
+
+    def self_attention(self, h: Tensor, src_keep: Tensor) -> Tensor:
+        b, t = h.shape[0], h.shape[1]
+        qkv = self.qkv_proj(h).view(b, t, -1, self.heads, self.d_head).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], attn_mask=src_keep, dropout_p=0.0)
+        return self.out_proj(merge_heads(y))
+
+    def forward(self, x: Tensor, src_keep: Tensor) -> Tensor:
+        if self.pre_norm:
+            x = x + self.self_attention(self.norm_attn(x), src_keep)
+            return x + self.ffn(self.norm_ffn(x))
+        x = self.norm_attn(x + self.self_attention(x, src_keep))
+        return self.norm_ffn(x + self.ffn(x))
+
+
 class ScriptedDecoderLayer(nn.Module):
     """DecoderLayer.step, operator for operator (nmt.model: MultiHeadAttention, attention, Residual)."""
 
     def __init__(
-        self, layer: DecoderLayer, maps: dict[str, nn.Module], activation: str, fused_attention: bool
+        self, layer: DecoderLayer, maps: dict[str, nn.Module], ffn: ScriptedFeedForward, fused_attention: bool
     ):
-        """`activation` by name (TorchScript calls no Python function): relu, swish, or none where fc1
-        applies it (nmt.translate.prepacked)."""
         super().__init__()
         self.heads, self.d_head = layer.self_attn.heads, layer.self_attn.d_head
         self.qkv_proj, self.self_out = maps["self_attn.qkv_proj"], maps["self_attn.out_proj"]
         self.q_proj, self.cross_out = maps["cross_attn.q_proj"], maps["cross_attn.out_proj"]
-        self.fc1, self.fc2 = maps["ffn.fc1"], maps["ffn.fc2"]
-        self.activation = activation
+        self.ffn = ffn
         self.norm_self = scripted_norm(layer.res_self.norm)
         self.norm_cross = scripted_norm(layer.res_cross.norm)
         self.norm_ffn = scripted_norm(layer.res_ffn.norm)
@@ -109,29 +153,17 @@ class ScriptedDecoderLayer(nn.Module):
             scores.add_(bias)
         return torch.matmul(torch.softmax(scores, dim=-1), v)
 
-    def merge_heads(self, y: Tensor) -> Tensor:
-        b, t = y.shape[0], y.shape[2]
-        return y.transpose(1, 2).reshape(b, t, -1)  # (B, H, T, K) -> (B, T, D)
-
     def self_attention(self, h: Tensor, cache_kv: Tensor, t: int) -> Tensor:
         b, length = h.shape[0], h.shape[1]
         qkv = self.qkv_proj(h).view(b, length, -1, self.heads, self.d_head).permute(2, 0, 3, 1, 4)
         cache_kv[:, :, :, t : t + 1] = qkv[1:]
         k, v = cache_kv[0, :, :, : t + 1], cache_kv[1, :, :, : t + 1]
-        return self.self_out(self.merge_heads(self.attention(qkv[0], k, v, None)))
+        return self.self_out(merge_heads(self.attention(qkv[0], k, v, None)))
 
     def cross_attention(self, h: Tensor, k: Tensor, v: Tensor, src_bias: Tensor, beam: int) -> Tensor:
         n, length = h.shape[0], h.shape[1]
         q = self.q_proj(h).view(n // beam, beam * length, self.heads, self.d_head).transpose(1, 2)
-        return self.cross_out(self.merge_heads(self.attention(q, k, v, src_bias))).view(h.shape)
-
-    def feed_forward(self, h: Tensor) -> Tensor:
-        h = self.fc1(h)
-        if self.activation == "relu":
-            h = F.relu(h)
-        elif self.activation == "swish":
-            h = F.silu(h)
-        return self.fc2(h)
+        return self.cross_out(merge_heads(self.attention(q, k, v, src_bias))).view(h.shape)
 
     def forward(
         self, y: Tensor, cache_kv: Tensor, t: int, mem_k: Tensor, mem_v: Tensor, src_bias: Tensor, beam: int
@@ -139,10 +171,28 @@ class ScriptedDecoderLayer(nn.Module):
         if self.pre_norm:
             y = y + self.self_attention(self.norm_self(y), cache_kv, t)
             y = y + self.cross_attention(self.norm_cross(y), mem_k, mem_v, src_bias, beam)
-            return y + self.feed_forward(self.norm_ffn(y))
+            return y + self.ffn(self.norm_ffn(y))
         y = self.norm_self(y + self.self_attention(y, cache_kv, t))
         y = self.norm_cross(y + self.cross_attention(y, mem_k, mem_v, src_bias, beam))
-        return self.norm_ffn(y + self.feed_forward(y))
+        return self.norm_ffn(y + self.ffn(y))
+
+
+class ScriptedEncoder(nn.Module):
+    """Transformer.encode at inference: (B, S) ids -> memory (B, S, D) and the key mask (B, 1, 1, S)."""
+
+    def __init__(self, model: Transformer, layers: list[ScriptedEncoderLayer]):
+        super().__init__()
+        self.embed, self.positions = model.embed.weight.detach(), model.positions
+        self.embed_scale, self.pad = math.sqrt(model.cfg.d_model), PAD  # TorchScript reads no global int
+        self.layers = nn.ModuleList(layers)
+        self.norm = scripted_norm(model.encoder_norm)
+
+    def forward(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        src_keep = (src != self.pad)[:, None, None, :]  # nmt.model.padding_mask
+        x = F.embedding(src, self.embed, self.pad) * self.embed_scale + self.positions[: src.shape[1]]
+        for layer in self.layers:
+            x = layer(x, src_keep)
+        return self.norm(x), src_keep
 
 
 class ScriptedStep(nn.Module):
@@ -151,11 +201,9 @@ class ScriptedStep(nn.Module):
 
     def __init__(self, model: Transformer, layers: list[ScriptedDecoderLayer]):
         super().__init__()
-        self.embed = model.embed.weight.detach()
-        self.positions = model.positions
-        self.embed_scale = math.sqrt(model.cfg.d_model)
+        self.embed, self.positions = model.embed.weight.detach(), model.positions
+        self.embed_scale, self.pad = math.sqrt(model.cfg.d_model), PAD  # TorchScript reads no global int
         self.zero_start = model.cfg.decoder_start == "zero"
-        self.pad = PAD  # TorchScript reads no global int
         self.layers = nn.ModuleList(layers)
         self.norm = scripted_norm(model.decoder_norm)
 
@@ -191,34 +239,63 @@ def scriptable() -> bool:
     return not torch._C._jit_can_fuse_on_cpu()
 
 
-def script_step(model: Transformer) -> bool:
-    """The model's decoder step from now on in TorchScript (`Transformer.compile_step`) for the row counts
-    its kernels' scripted forms serve; False, and the model as it was, where a map has none, the model is
-    not on the CPU, or TorchScript fails here."""
-    if model.embed.weight.device.type != "cpu" or not scriptable():
-        return False
-    layers, rows = [], ALL_ROWS
-    fused_attention = model.embed.weight.dtype == torch.bfloat16  # nmt.model.attention's choice
-    for layer in model.decoder:
-        maps = {}
-        for name in ("self_attn.qkv_proj", "self_attn.out_proj", "cross_attn.q_proj", "cross_attn.out_proj",
-                     "ffn.fc1", "ffn.fc2"):  # fmt: skip
-            found = scripted_map(layer.get_submodule(name))
-            if found is None:
-                return False
-            maps[name], most = found
-            rows = min(rows, most)
-        activation = activation_name(layer.ffn.activation)
-        if activation is None:
-            return False
-        layers.append(ScriptedDecoderLayer(layer, maps, activation, fused_attention))
-    if rows < 1:
-        return False
+SELF_ATTENTION = ("self_attn.qkv_proj", "self_attn.out_proj")
+CROSS_ATTENTION = ("cross_attn.q_proj", "cross_attn.out_proj")
+
+
+def scripted_maps(
+    layer: nn.Module, names: tuple[str, ...]
+) -> tuple[dict[str, nn.Module], ScriptedFeedForward, int] | None:
+    """A layer's maps `names` and its feed-forward in their scripted forms, and the most rows all of them
+    serve; None where one has none."""
+    maps, rows = {}, ALL_ROWS
+    for name in (*names, "ffn.fc1", "ffn.fc2"):
+        found = scripted_map(layer.get_submodule(name))
+        if found is None:
+            return None
+        maps[name], most = found
+        rows = min(rows, most)
+    activation = activation_name(layer.ffn.activation)
+    if activation is None:
+        return None
+    return maps, ScriptedFeedForward(maps["ffn.fc1"], maps["ffn.fc2"], activation), rows
+
+
+def script(module: nn.Module) -> nn.Module | None:
+    """torch.jit.script of `module`, or None where it fails here."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch.jit.script's DeprecationWarning
-            step = torch.jit.script(ScriptedStep(model, layers))
-    except Exception:  # noqa: BLE001 - any failure to script leaves the eager step, which is correct
+            return torch.jit.script(module)
+    except Exception:  # noqa: BLE001 - any failure to script leaves the eager path, which is correct
+        return None
+
+
+def script_model(model: Transformer) -> bool:
+    """The model's encoder and decoder step from now on in TorchScript (`Transformer.compile_scripted`),
+    each for the row counts its kernels' scripted forms serve (an encoder's rows are its batch's source
+    positions); False where neither could be: a map without a scripted form, a model not on the CPU, or
+    TorchScript failing here. The encoder and the step are scripted each on its own."""
+    if model.embed.weight.device.type != "cpu" or not scriptable():
         return False
-    model.compile_step(step, rows)
-    return True
+    fused_attention = model.embed.weight.dtype == torch.bfloat16  # nmt.model.attention's choice
+    encoder, encode_rows = None, 0
+    found = [scripted_maps(layer, SELF_ATTENTION) for layer in model.encoder]
+    if all(found):
+        layers = [
+            ScriptedEncoderLayer(layer, maps, ffn)
+            for layer, (maps, ffn, _) in zip(model.encoder, found, strict=True)
+        ]
+        encoder = script(ScriptedEncoder(model, layers))
+        encode_rows = min(rows for _, _, rows in found) if encoder is not None else 0
+    step, step_rows = None, 0
+    found = [scripted_maps(layer, SELF_ATTENTION + CROSS_ATTENTION) for layer in model.decoder]
+    if all(found):
+        layers = [
+            ScriptedDecoderLayer(layer, maps, ffn, fused_attention)
+            for layer, (maps, ffn, _) in zip(model.decoder, found, strict=True)
+        ]
+        step = script(ScriptedStep(model, layers))
+        step_rows = min(rows for _, _, rows in found) if step is not None else 0
+    model.compile_scripted(encoder, encode_rows, step, step_rows)
+    return bool(encode_rows or step_rows)
