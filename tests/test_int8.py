@@ -127,7 +127,7 @@ def test_fbgemms_output_projection_gives_a_union_its_integers_without_prepacking
 
     monkeypatch.setattr(torch, "quantize_per_channel", refused)
     with torch.inference_mode():
-        union = full.over(ids, weight[ids], bias[ids])
+        union = full.over(ids, lambda: (weight[ids], bias[ids]))
         packed = torch.ops.quantized.linear_unpack(union.product.weight)[0]
         assert packed.qscheme() == torch.per_tensor_affine and packed.q_scale() == 1.0
         x = torch.randn(7, 64)

@@ -109,7 +109,7 @@ def test_the_kernel_chosen_by_rows_gives_the_same_bits_on_both_sides_of_its_cros
         # a model's own product has oneDNN's copy of its weights before workers fork (they share it); one
         # built for one batch (a shortlist's union) makes it only once more rows than `few_rows` come
         assert Int8Linear(linear.weight, linear.bias).product.many is not None
-        union = int8.over(torch.arange(64), linear.weight[:64], linear.bias[:64])
+        union = int8.over(torch.arange(64), lambda: (linear.weight[:64], linear.bias[:64]))
         assert torch.equal(union(x[:1]), alone[:1, :64])
         assert (union.product.many is None) == (few_rows >= 1)
         assert torch.equal(union(x), alone[:, :64])
@@ -154,7 +154,7 @@ def test_a_union_of_output_rows_gives_the_full_maps_numbers(each_kernel, gather)
     x = torch.randn(40, 64) * torch.logspace(-2, 2, 40)[:, None]
     with torch.inference_mode():
         full = Int8Linear(weight, bias, gather=gather)
-        union = full.over(ids, weight[ids], bias[ids])
+        union = full.over(ids, lambda: (weight[ids], bias[ids]))
         for rows in (1, 4, 40):
             assert torch.equal(union(x[:rows]), full(x[:rows])[:, ids]), rows
     kept = union.product.integers() if hasattr(union.product, "integers") else None

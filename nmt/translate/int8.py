@@ -57,6 +57,7 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -578,11 +579,16 @@ class Int8Linear(nn.Module):
         if not one_batch:  # a model's own products: all built before workers fork
             self.product.ready()
 
-    def over(self, ids: Tensor, weight: Tensor, bias: Tensor | None) -> Int8Linear:
-        """The same product over this map's output rows `ids`, whose floats are `weight` and `bias`, for
-        one batch (a shortlist's union): its integers gathered where the kernel keeps them, else those
-        floats quantized; what only its larger row counts need is built if they come."""
-        return Int8Linear(weight, bias, one_batch=True, product=self.product.gathered(ids))
+    def over(self, ids: Tensor, floats: Callable[[], tuple[Tensor, Tensor | None]]) -> Int8Linear:
+        """The same product over this map's output rows `ids`, for one batch (a shortlist's union): its
+        integers gathered where the kernel keeps them, else their floats, which `floats()` gathers (weight
+        and bias), quantized; what only its larger row counts need is built if they come."""
+        product = self.product.gathered(ids)
+        if product is None:
+            return Int8Linear(*floats(), one_batch=True)
+        # no floats to gather (the student's union of 448 rows: 0.29 ms of its 0.41 in index_select): only
+        # the shape is read, of a tensor that holds no data
+        return Int8Linear(torch.empty(len(ids), self.in_features, device="meta"), None, True, product)
 
     def scripted(self) -> tuple[nn.Module, int] | None:
         """The product's TorchScript form and its most rows, or None (`_Kernel.scripted`)."""

@@ -142,11 +142,12 @@ class PrepackedLinear(nn.Module):
         rows = len(pad_to) - 1
         return (ScriptedPrepacked(self, pad_to), rows) if rows else None
 
-    def over(self, ids: Tensor, weight: Tensor, bias: Tensor | None) -> PrepackedLinear:
-        """The same product over this map's output rows `ids`, whose floats are `weight` and `bias` (a
-        shortlist's union): laid out again, as oneDNN's layout cannot be gathered. Its rows are those probed
-        for its width rounded up to a power of two: a union's width changes batch to batch, and a probe per
-        width would cost more than the batch."""
+    def over(self, ids: Tensor, floats: Callable[[], tuple[Tensor, Tensor | None]]) -> PrepackedLinear:
+        """The same product over this map's output rows `ids`, whose floats `floats()` gathers (weight and
+        bias: a shortlist's union): laid out again, as oneDNN's layout cannot be gathered. Its rows are those
+        probed for its width rounded up to a power of two: a union's width changes batch to batch, and a
+        probe per width would cost more than the batch."""
+        weight, bias = floats()
         width = 1 << (len(weight) - 1).bit_length()
         return PrepackedLinear(weight, bias, self.activation, row_range(weight.dtype, weight.shape[1], width))
 
