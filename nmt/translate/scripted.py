@@ -1,26 +1,29 @@
-"""The decoder step in TorchScript: nmt.model's operators, in its order, run without Python between them.
+"""The encoder and the decoder step in TorchScript: nmt.model's operators, in its order, without Python
+between them.
 
-A decoder step of one sentence is a hundred small operators (the student's, greedy: ~105, for 1 to 4
-rows), and most of its time is the machinery around each call rather than the arithmetic: Python, torch's
-argument parsing and dispatch. A software-clock profile of the student's sentence put 35% of it in
-libpython and 9% in libtorch_python's argument parsing (AMD EPYC, avx2 only; benchmarks/RESULTS.md,
-2026-12-02). Here the step's layers are a TorchScript module built over the inference model's own
-tensors and kernels: TorchScript's interpreter calls the very ATen operators that `DecoderLayer.step`
-calls, in the same order, on the same tensors, so they give the same bits (TorchScript fuses nothing on
-the CPU unless told to: `scriptable` checks that it is not). tests/test_scripted.py holds the scripted
-step to the eager one bit for bit, for every kernel it covers, at one row and at many, and whole
+A decoder step of one sentence is about a hundred small operators (the student's: 1 to 4 rows each), and
+most of its time is the machinery around each call rather than the arithmetic: Python, torch's argument
+parsing and dispatch. A software-clock profile of the student's sentence put 35% of it in libpython and 9%
+in libtorch_python's argument parsing (AMD EPYC, avx2 only; benchmarks/RESULTS.md, 2026-12-02 02:10). So
+the encoder and the step's layers are TorchScript modules here, built over the inference model's own
+tensors and kernels. TorchScript's interpreter calls the very ATen operators that `Transformer.encode` and
+`DecoderLayer.step` call, in the same order, on the same tensors, so they give the same bits (TorchScript
+fuses nothing on the CPU unless told to: `scriptable` checks that it is not). tests/test_scripted.py holds
+both to the eager path bit for bit, for every kernel they cover, at one row and at many, and whole
 translations to be the same.
 
-Measured in one process, both steps alternated line by line, 300 test lines, one thread, the same
-translations (AMD EPYC, avx2 only, int8 by fbgemm): the student's sentence, greedy with its shortlist, in
-0.66-0.72x the time; the demo model's at beam 4 in 0.74x (benchmarks/RESULTS.md, 2026-12-02).
+Measured in one process, eager and scripted alternated line by line over 300 test lines, one thread, the
+same translations (AMD EPYC, avx2 only, int8 by fbgemm; benchmarks/RESULTS.md, 2026-12-02 06:40): the
+student's sentence, greedy int8 with its shortlist, took 0.67x the time (0.72x with the step alone); the
+demo model's at beam 4, 0.71x in int8 and 0.81x in fp32; files in 125-line chunks at 2 threads, 0.87x in
+int8 and 0.89-0.99x in fp32.
 
-What it covers: the decoder's layers, from the token's embedding to the final LayerNorm, where every
-linear map of the decoder runs in a kernel that has a scripted form (`scripted()`: fbgemm's int8,
+What it covers: the encoder, and the decoder's layers from the token's embedding to the final LayerNorm,
+where every linear map of theirs runs in a kernel with a scripted form (`scripted()`: fbgemm's int8,
 nmt.translate.int8; oneDNN's prepacked fp32 and bf16, nmt.translate.prepacked, for the row counts it pads
 into one piece; nn.Linear). The output projection stays eager: a shortlist's union is built per batch. The
-model keeps its eager step, which runs where the scripted one does not: more rows than every kernel's
-scripted form serves, a model in training mode, or no scripted step at all (another kernel; a torch where
+model keeps its eager path, which runs where the scripted one does not: more rows than every kernel's
+scripted form serves, a model in training mode, or nothing scripted at all (another kernel; a torch where
 scripting fails: torch.jit.script is deprecated in torch 2.x, and a model still translates without it).
 """
 
