@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -212,9 +213,11 @@ def test_the_log_says_what_the_products_run_in_and_why(synthetic_run: Path):
     assert ("with native bf16 (" in auto) == native and ("without native bf16" in auto) == (not native)
     fp32 = summary("--device", "cpu", "--dtype", "fp32")
     assert "prepacked for oneDNN)" in fp32
-    assert fp32.endswith(
-        ", encoder (up to 64 source tokens) and decoder steps (up to 64 rows) in TorchScript"
+    # how many rows each runs for depends on the row counts oneDNN keeps a row's bits at on this CPU
+    scripted = (
+        r", encoder( \(up to \d+ source tokens\))? and decoder steps( \(up to \d+ rows\))? in TorchScript$"
     )
+    assert re.search(scripted, fp32), fp32
 
 
 def test_int8_translations_score_as_fp32s(synthetic_run: Path):
