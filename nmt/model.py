@@ -16,7 +16,9 @@ Besides `forward` (teacher forcing), the decoder offers the incremental contract
 keys/values of every row for every layer, in a cache that grows in blocks of CACHE_BLOCK positions as the
 output does (most sentences stop long before their length limit), and encoder keys/values for
 cross-attention projected once per sentence and shared by its `beam` rows. The contract is for inference
-(under torch.no_grad or torch.inference_mode): its caches are written in place.
+(under torch.no_grad or torch.inference_mode): its caches are written in place. On the CPU, `encode` and
+`step` may run through TorchScript forms of themselves, the same operators in the same order
+(nmt.translate.scripted, `compile_scripted`).
 """
 
 from __future__ import annotations
