@@ -58,7 +58,7 @@ class ScriptedLinear(nn.Module):
 
 
 def scripted_map(linear: nn.Module) -> tuple[nn.Module, int] | None:
-    """A decoder map's scripted form and the most rows it serves, or None where its kernel has none."""
+    """A linear map's scripted form and the most rows it serves, or None where its kernel has none."""
     if type(linear) is nn.Linear:
         return ScriptedLinear(linear), ALL_ROWS
     scripted = getattr(linear, "scripted", None)
@@ -290,7 +290,7 @@ def script_model(model: Transformer) -> bool:
             for layer, (maps, ffn, _) in zip(model.encoder, found, strict=True)
         ]
         encoder = script(ScriptedEncoder(model, layers))
-        encode_rows = min(rows for _, _, rows in found) if encoder is not None else 0
+        encode_rows = min((rows for _, _, rows in found), default=ALL_ROWS) if encoder is not None else 0
     step, step_rows = None, 0
     found = [scripted_maps(layer, SELF_ATTENTION + CROSS_ATTENTION) for layer in model.decoder]
     if all(found):
@@ -299,6 +299,6 @@ def script_model(model: Transformer) -> bool:
             for layer, (maps, ffn, _) in zip(model.decoder, found, strict=True)
         ]
         step = script(ScriptedStep(model, layers))
-        step_rows = min(rows for _, _, rows in found) if step is not None else 0
+        step_rows = min((rows for _, _, rows in found), default=ALL_ROWS) if step is not None else 0
     model.compile_scripted(encoder, encode_rows, step, step_rows)
     return bool(encode_rows or step_rows)
