@@ -19,7 +19,7 @@ from nmt.model import Transformer
 from nmt.tokens import EOS
 from nmt.translate import inference_model
 from nmt.translate.builder import scripted_words
-from nmt.translate.int8 import KERNELS, _Fbgemm, _IntMM, quantize_int8
+from nmt.translate.int8 import _ByRows, _Fbgemm, _IntMM, _OneDNN, quantize_int8
 from nmt.translate.prepacked import available as prepacked_available
 from nmt.translate.scripted import ALL_ROWS, script_model
 from nmt.translate.search import beam_search, greedy_search
@@ -52,11 +52,31 @@ def fbgemm_kernel(monkeypatch) -> None:
     monkeypatch.setattr("nmt.translate.int8.kernel", lambda: (_Fbgemm, bits))
 
 
+def probed(product) -> int | None:
+    """The bits with which an int8 kernel is exact here, None where it is not or does not run."""
+    try:
+        return product.probe()
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return None
+
+
+FEW_ROWS = 4  # int8-byrows: torch._int_mm up to this many rows (scripted), oneDNN's kernel above (eager)
+
+
+def int8_kernel(monkeypatch, product) -> None:
+    """`product` as the int8 kernel, whatever `kernel` would prefer here; _ByRows with FEW_ROWS."""
+    bits = probed(product)
+    if bits is None:
+        pytest.skip(f"{product.name}'s int8 product is not exact here (_ByRows: VNNI or AMX)")
+    monkeypatch.setattr("nmt.translate.int8.kernel", lambda: (product, bits))
+    monkeypatch.setattr("nmt.translate.int8._few_rows", lambda *shape: FEW_ROWS)
+
+
 def built(kind: str, monkeypatch, **model: object) -> Transformer:
     """A random model in one of the kernels the scripted step covers, its step scripted."""
     net = random_model(**model)
-    if kind == "int8-fbgemm":
-        fbgemm_kernel(monkeypatch)
+    if kind.startswith("int8-"):
+        int8_kernel(monkeypatch, INT8_KINDS[kind])
         net = inference_model(net, Precision.INT8, torch.device("cpu"))
     elif kind in ("fp32-prepacked", "bf16-prepacked"):
         dtype = torch.float32 if kind == "fp32-prepacked" else torch.bfloat16
@@ -82,7 +102,8 @@ def eager(net: Transformer) -> Iterator[None]:
         net.encode_rows, net.step_rows = rows
 
 
-KINDS = ["int8-fbgemm", "fp32-prepacked", "bf16-prepacked", "fp32-linear", "bf16-linear"]
+INT8_KINDS = {"int8-fbgemm": _Fbgemm, "int8-intmm": _IntMM, "int8-byrows": _ByRows}
+KINDS = [*INT8_KINDS, "fp32-prepacked", "bf16-prepacked", "fp32-linear", "bf16-linear"]
 SHAPES = [  # (sentences, beam): one sentence greedy and at beam 4, a few, and more than 64 rows
     (1, 1),
     (1, 4),
@@ -140,7 +161,7 @@ def test_the_scripted_step_gives_the_eager_steps_bits(monkeypatch, kind, b, beam
     ],
     ids=lambda m: ",".join(f"{k}={v}" for k, v in m.items()),
 )
-@pytest.mark.parametrize("kind", ["int8-fbgemm", "fp32-prepacked", "fp32-linear"])
+@pytest.mark.parametrize("kind", ["int8-fbgemm", "int8-byrows", "fp32-prepacked", "fp32-linear"])
 def test_every_layer_variant_scripts_to_the_same_bits(monkeypatch, kind, model):
     """Pre-norm (the paper's post-norm is the default), MarianMT's swish and zero start: what the eager
     path branches on."""
@@ -150,11 +171,17 @@ def test_every_layer_variant_scripts_to_the_same_bits(monkeypatch, kind, model):
 
 
 def test_int8_and_prepacked_models_are_scripted_for_as_many_rows_as_their_kernels_serve(monkeypatch):
-    """fbgemm's scripted form serves any row count; oneDNN's prepacked one those it pads into one piece
-    (up to 64), and the eager path takes larger batches; the log says which."""
+    """fbgemm's and torch._int_mm's scripted forms serve any row count; _ByRows's the rows it gives
+    _int_mm; oneDNN's prepacked one those it pads into one piece (up to 64), and the eager path takes
+    larger batches; the log says which."""
     net = built("int8-fbgemm", monkeypatch)
     assert net.step_rows == net.encode_rows == ALL_ROWS
     assert scripted_words(net) == "encoder and decoder steps in TorchScript"
+    if probed(_IntMM) is not None:
+        assert built("int8-intmm", monkeypatch).step_rows == ALL_ROWS
+    if probed(_ByRows) is not None:
+        net = built("int8-byrows", monkeypatch)
+        assert net.step_rows == net.encode_rows == FEW_ROWS
     if prepacked_available(torch.float32):
         net = built("fp32-prepacked", monkeypatch)
         # up to 64 rows where oneDNN keeps a row's bits at every count (its row range, probed on this CPU)
@@ -180,9 +207,13 @@ def test_the_scripted_model_keeps_its_state_dict(monkeypatch):
 
 def test_a_kernel_without_a_scripted_form_or_a_failing_script_leaves_the_eager_step(monkeypatch):
     net = random_model()
-    bits = _IntMM.probe() if _IntMM in KERNELS else None
-    if bits is not None:  # torch._int_mm has no scripted form
-        monkeypatch.setattr("nmt.translate.int8.kernel", lambda: (_IntMM, bits))
+    bits = probed(_OneDNN)
+    if bits is not None:  # oneDNN's int8 kernel has no scripted form
+        monkeypatch.setattr("nmt.translate.int8.kernel", lambda: (_OneDNN, bits))
+        assert not script_model(quantize_int8(random_model()))
+    if probed(_ByRows) is not None:  # _ByRows where oneDNN multiplies even one row: nothing to script
+        int8_kernel(monkeypatch, _ByRows)
+        monkeypatch.setattr("nmt.translate.int8._few_rows", lambda *shape: 0)
         assert not script_model(quantize_int8(random_model()))
     fbgemm_kernel(monkeypatch)
     quantize_int8(net)
@@ -239,12 +270,15 @@ def test_threads_stepping_one_scripted_model_at_once_get_their_own_results(monke
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("precision", ["int8", "fp32"])
+@pytest.mark.parametrize("precision", ["int8", "int8-byrows", "fp32"])
 def test_a_trained_model_translates_the_same_scripted_and_eager(synthetic_run, monkeypatch, precision):
     """Hypotheses and scores of a model that has learned its task, greedy and at beam 4, one sentence at a
     time and in a batch."""
     if precision == "int8":
         fbgemm_kernel(monkeypatch)
+    elif precision == "int8-byrows":
+        int8_kernel(monkeypatch, _ByRows)
+        precision = "int8"
     net, _, cfg = load_model(synthetic_run / "checkpoints" / "best.pt")
     net = inference_model(net, Precision(precision), torch.device("cpu"))
     assert net.step_rows > 0 and net.encode_rows > 0

@@ -241,6 +241,9 @@ class _IntMM(_RowQuantized):
         # int32 -> float32 first, then in place: about half the time of a mixed-type multiply and a new tensor
         return torch._int_mm(q, self.weight_t).float().mul_(self.scales)
 
+    def scripted(self) -> tuple[nn.Module, int]:
+        return ScriptedIntMM(self.weight_t, self.scales, self.bias), ALL_ROWS
+
 
 class _Fbgemm(_Kernel):
     """fbgemm's dynamic quantized linear, each call made to span [-1, 1] (the module's docstring)."""
@@ -409,6 +412,24 @@ class ScriptedFbgemm(nn.Module):
         return y.view(x.shape[:-1] + [y.shape[1]])
 
 
+class ScriptedIntMM(nn.Module):
+    """_RowQuantized over torch._int_mm in TorchScript, operator for operator (`_row_integers`,
+    `_IntMM.multiply`, the scaling of `_RowQuantized.__call__`): (.., in) -> (.., out)."""
+
+    def __init__(self, weight_t: Tensor, scales: Tensor, bias: Tensor):
+        super().__init__()
+        self.weight_t, self.scales, self.bias = weight_t, scales, bias  # (in, out) int8, (out,), (out,)
+        self.in_features, self.tiny = weight_t.shape[0], _TINY  # TorchScript reads no global float
+
+    def forward(self, x: Tensor) -> Tensor:
+        rows = x.reshape(-1, self.in_features)
+        scale = rows.abs().amax(dim=1, keepdim=True).div_(127).clamp_min_(self.tiny)  # (M, 1) a_r
+        q = torch.div(rows, scale).round_().to(torch.int8)
+        y = torch._int_mm(q, self.weight_t).float().mul_(self.scales)
+        y = torch.addcmul(self.bias, y, scale, out=y)
+        return y.view(x.shape[:-1] + [y.shape[1]])
+
+
 # The row counts at which `_ByRows` times its two kernels; above the last, oneDNN's kernel runs.
 CALIBRATION_ROWS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -505,6 +526,13 @@ class _ByRows(_RowQuantized):
             return self.few.multiply(q)
         self.ready()
         return self.many.multiply(q)
+
+    def scripted(self) -> tuple[nn.Module, int] | None:
+        """_int_mm's rows in TorchScript (a decoder step's few); more run eagerly, through oneDNN's kernel.
+        None where oneDNN multiplies even one row (it was the faster here)."""
+        if self.few_rows < 1:
+            return None
+        return ScriptedIntMM(self.few.weight_t, self.scales, self.bias), self.few_rows
 
     @classmethod
     def probed(cls, weight: Tensor, scales: Tensor) -> list[_RowQuantized]:
