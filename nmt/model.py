@@ -287,6 +287,9 @@ class Transformer(nn.Module):
         self.encode_kernel: nn.Module | None = None
         self.step_kernel: nn.Module | None = None
         self.encode_rows = self.step_rows = 0
+        # Inference only: greedy search's whole loop for a few sentences in TorchScript, steps and output
+        # projection (nmt.translate.scripted.GreedyRunner): `compile_scripted`, `greedy_loop`
+        self.greedy_runner: Callable[..., tuple[Tensor, Tensor] | None] | None = None
         if initialise:
             self.reset_parameters()
 
@@ -316,14 +319,21 @@ class Transformer(nn.Module):
         self.output_kernel = kernel(self.output_weight, self.output_bias)
 
     def compile_scripted(
-        self, encoder: nn.Module | None, encode_rows: int, step: nn.Module | None, step_rows: int
+        self,
+        encoder: nn.Module | None,
+        encode_rows: int,
+        step: nn.Module | None,
+        step_rows: int,
+        greedy: Callable[..., tuple[Tensor, Tensor] | None] | None = None,
     ) -> None:
         """For inference: batches of up to `encode_rows` source positions (B x S) from now on encoded by
         `encoder`, (B, S) ids -> (memory, key mask) as `encode`; steps of up to `step_rows` rows by `step`,
         (tokens, t, self_kv, mem_kv, src_bias, beam) -> the final hidden states (N, D), writing the
-        self-attention cache at t as `step` does (nmt.translate.scripted). None and 0: the eager path."""
+        self-attention cache at t as `step` does (nmt.translate.scripted); `greedy`, `greedy_loop`'s. None
+        and 0: the eager path."""
         self.encode_kernel, self.encode_rows = encoder, encode_rows
         self.step_kernel, self.step_rows = step, step_rows
+        self.greedy_runner = greedy
 
     def reset_parameters(self) -> None:
         """Xavier-uniform linear maps, N(0, D^-1/2) embeddings, as tensor2tensor and fairseq initialise."""
@@ -448,6 +458,24 @@ class Transformer(nn.Module):
         if state.output is not None:  # (N, U): over the shortlists' union only (nmt.translate.shortlist)
             return state.output.logits(h, state.beam), state
         return self.project(h), state
+
+    def greedy_loop(
+        self,
+        state: DecoderState,
+        max_lens: Tensor,
+        min_len: int,
+        lenpen: float,
+        masks: Any,
+        ids: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor] | None:
+        """Greedy search's plain loop from `state` (init_state's, one row per sentence) to the end in one
+        call, where the model has one for it (nmt.translate.scripted.GreedyRunner; search.greedy_search
+        decides what it covers): the tokens (B, T), PAD after each one's last, and the scores (B,); None
+        where it has none, or not for this batch. `ids`: the vocabulary ids the tokens stand for (a
+        shortlist's union), None where they are the vocabulary's."""
+        if self.greedy_runner is None or self.training or state.rows > self.step_rows:
+            return None
+        return self.greedy_runner(state, max_lens, min_len, lenpen, masks, ids)
 
     def reorder_beams(self, state: DecoderState, rows: Tensor) -> DecoderState:
         """Row i takes the history of row rows[i], a row of the same sentence (beam selection).

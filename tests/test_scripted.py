@@ -16,13 +16,15 @@ from torch import nn
 from nmt.checkpoint import load_model
 from nmt.config import Precision
 from nmt.model import Transformer
+from nmt.shortlist import Shortlist
 from nmt.tokens import EOS
 from nmt.translate import inference_model
 from nmt.translate.builder import scripted_words
 from nmt.translate.int8 import _ByRows, _Fbgemm, _IntMM, _OneDNN, quantize_int8
 from nmt.translate.prepacked import available as prepacked_available
-from nmt.translate.scripted import ALL_ROWS, script_model
-from nmt.translate.search import beam_search, greedy_search
+from nmt.translate.scripted import ALL_ROWS, LOOP_ROWS, script_model
+from nmt.translate.search import Sampler, beam_search, greedy_search
+from nmt.translate.shortlist import ShortlistDecoder
 
 from .synthetic import make_config
 
@@ -176,7 +178,10 @@ def test_int8_and_prepacked_models_are_scripted_for_as_many_rows_as_their_kernel
     larger batches; the log says which."""
     net = built("int8-fbgemm", monkeypatch)
     assert net.step_rows == net.encode_rows == ALL_ROWS
-    assert scripted_words(net) == "encoder and decoder steps in TorchScript"
+    assert (
+        scripted_words(net)
+        == f"encoder, decoder steps and greedy search (up to {LOOP_ROWS} sentences) in TorchScript"
+    )
     if probed(_IntMM) is not None:
         assert built("int8-intmm", monkeypatch).step_rows == ALL_ROWS
     if probed(_ByRows) is not None:
@@ -186,9 +191,8 @@ def test_int8_and_prepacked_models_are_scripted_for_as_many_rows_as_their_kernel
         net = built("fp32-prepacked", monkeypatch)
         # up to 64 rows where oneDNN keeps a row's bits at every count (its row range, probed on this CPU)
         assert 0 < net.step_rows <= 64 and 0 < net.encode_rows <= 64
-        words = (
-            f"encoder (up to {net.encode_rows} source tokens) and decoder steps (up to {net.step_rows} rows)"
-        )
+        words = f"encoder (up to {net.encode_rows} source tokens), decoder steps (up to {net.step_rows} rows)"
+        words += f" and greedy search (up to {min(LOOP_ROWS, net.greedy_runner.rows)} sentences)"
         assert scripted_words(net) == words + " in TorchScript"
 
 
@@ -267,6 +271,114 @@ def test_threads_stepping_one_scripted_model_at_once_get_their_own_results(monke
         thread.join()
     for b, logits in alone.items():
         assert all(torch.equal(x, y) for x, y in zip(logits, results[b], strict=True)), b
+
+
+class Counting:
+    """A model's greedy runner, counting the batches it searched (it returns None where it does not)."""
+
+    def __init__(self, runner):
+        self.runner, self.searched = runner, 0
+
+    def __call__(self, *args):
+        found = self.runner(*args)
+        self.searched += found is not None
+        return found
+
+
+def a_shortlist(seed: int, vocab: int = VOCAB) -> Shortlist:
+    """A random shortlist: 6 frequent ids and 4 per source id, so a few sentences' union is far from all."""
+    gen = torch.Generator().manual_seed(seed)
+    frequent = torch.randperm(vocab - 4, generator=gen)[:6] + 4
+    return Shortlist(frequent, torch.randint(4, vocab, (vocab, 4), generator=gen))
+
+
+def greedy_both_ways(net: Transformer, src: torch.Tensor, shortlist: Shortlist | None, **options) -> list:
+    """greedy_search's hypotheses with the model's scripted loop and with the eager loop over the same
+    scripted step (the runner off): they must be the same, tokens and scores."""
+
+    def search() -> list:
+        with torch.inference_mode():
+            if shortlist is None:
+                return greedy_search(net, src, 1.0, 3, **options)
+            decoder = ShortlistDecoder(net, shortlist, src)
+            return decoder.from_union(greedy_search(decoder, src, 1.0, 3, **options))
+
+    runner = net.greedy_runner
+    net.greedy_runner = None
+    by_eager = search()
+    net.greedy_runner = counting = Counting(runner)
+    try:
+        by_loop = search()
+    finally:
+        net.greedy_runner = runner
+    assert by_loop == by_eager
+    return [counting.searched, by_loop]
+
+
+@pytest.mark.parametrize("kind", [kind for kind in KINDS if not kind.endswith("-linear")])
+@pytest.mark.parametrize("shortlisted", [False, True], ids=["vocabulary", "shortlist"])
+def test_the_scripted_greedy_loop_translates_as_the_eager_loop(monkeypatch, kind, shortlisted):
+    """One sentence and a few, whose translations end at different steps (past a cache block, so the
+    cache grows), with the length limit, min_len and the length penalty at work: the same hypotheses."""
+    net = built(kind, monkeypatch)
+    assert net.greedy_runner is not None, kind
+    lengths = set()
+    for b, seed in ((1, 0), (1, 1), (3, 2), (LOOP_ROWS, 3)):
+        src = sources(b, seed=seed)
+        shortlist = a_shortlist(seed) if shortlisted else None
+        for options in ({}, {"min_len": 4, "lenpen": 1.0}):
+            searched, found = greedy_both_ways(net, src, shortlist, **options)
+            assert searched == 1, (kind, b, options)
+            lengths |= {len(h.tokens) for h in found}
+    assert len(lengths) >= 4 and max(lengths) > 8, lengths  # ends at several steps, past a cache block
+
+
+def test_the_scripted_greedy_loop_leaves_what_it_does_not_cover_to_the_eager_loop(monkeypatch):
+    """More sentences than LOOP_ROWS, a forced prefix, n-gram blocking and sampling run the eager loop, and
+    so does a model whose output projection has no scripted form (F.linear's: no kernel of its own)."""
+    assert built("fp32-linear", monkeypatch).greedy_runner is None
+    net = built("int8-fbgemm", monkeypatch)
+    src = sources(LOOP_ROWS + 1, seed=5)
+    assert greedy_both_ways(net, src, None)[0] == 0
+    assert greedy_both_ways(net, src[:2], None, no_repeat_ngram=2)[0] == 0
+    assert greedy_both_ways(net, src[:2], None, prefix=torch.tensor([[5, 6], [7, 0]]))[0] == 0
+    sampler = Sampler(topk=5, generator=torch.Generator().manual_seed(0))
+    runner = net.greedy_runner
+    net.greedy_runner = counting = Counting(runner)
+    with torch.inference_mode():
+        greedy_search(net, src[:2], 1.0, 3, sampler=sampler)
+    assert counting.searched == 0
+    net.greedy_runner = runner
+    with eager(net), torch.inference_mode():  # the step's scripted form off: the loop's too
+        net.greedy_runner = counting = Counting(runner)
+        greedy_search(net, src[:1], 1.0, 3)
+    assert counting.searched == 0
+
+
+def test_threads_searching_over_their_own_shortlists_at_once_get_their_own_translations(monkeypatch):
+    """`nmt serve`'s search threads share one model and its scripted loop; each batch's union projection is
+    its own (a copy of the scripted projection over the union's weights), so concurrent searches over
+    different unions give what each gives alone."""
+    net = built("int8-fbgemm", monkeypatch)
+
+    def run(seed: int) -> list:
+        src = sources(1 + seed % 3, seed=seed)
+        with torch.inference_mode():
+            decoder = ShortlistDecoder(net, a_shortlist(seed), src)
+            return decoder.from_union(greedy_search(decoder, src, 1.0, 3))
+
+    alone = {seed: run(seed) for seed in range(6)}
+    results: dict[tuple[int, int], list] = {}
+    threads = [
+        threading.Thread(target=lambda key=(seed, copy): results.__setitem__(key, run(key[0])))
+        for seed in alone
+        for copy in range(2)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == {(seed, copy): alone[seed] for seed in alone for copy in range(2)}
 
 
 @pytest.mark.slow

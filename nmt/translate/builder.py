@@ -288,10 +288,10 @@ def precision_words(precision: Precision | None, device: torch.device) -> str:
 
 
 def scripted_words(model) -> str:
-    """What TorchScript runs, for the log (nmt.translate.scripted): `encoder and decoder steps in
-    TorchScript`, or with the most each serves, `encoder (up to 64 source tokens) and decoder steps (up to
-    64 rows) in TorchScript`; empty where everything runs eagerly."""
-    from nmt.translate.scripted import ALL_ROWS
+    """What TorchScript runs, for the log (nmt.translate.scripted): `encoder, decoder steps and greedy
+    search (up to 8 sentences) in TorchScript`, or with the most each serves, `encoder (up to 64 source
+    tokens), decoder steps (up to 64 rows) and ...`; empty where everything runs eagerly."""
+    from nmt.translate.scripted import ALL_ROWS, LOOP_ROWS
 
     parts = []
     for name, rows, unit in (
@@ -301,7 +301,12 @@ def scripted_words(model) -> str:
         most = min(getattr(m, rows) for m in model.members)
         if most:
             parts.append(name + ("" if most == ALL_ROWS else f" (up to {most} {unit})"))
-    return f"{' and '.join(parts)} in TorchScript" if parts else ""
+    runner = getattr(model, "greedy_runner", None)  # an Ensemble searches eagerly
+    sentences = min(LOOP_ROWS, runner.rows, model.step_rows) if runner is not None else 0
+    if sentences:
+        parts.append(f"greedy search (up to {sentences} sentences)")
+    words = ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else "".join(parts)
+    return f"{words} in TorchScript" if parts else ""
 
 
 def precision_of(model) -> str:

@@ -67,6 +67,9 @@ from nmt.translate.prepacked import in_row_buckets
 
 PROBE_ROWS = (1, 3, 8, 64, 512)  # the row counts at which `kernel` checks each product
 _TINY = 1e-30  # the scale of an all-zero row, whose integers are then all 0
+# 127 as a float32 tensor: given the number, torch wraps it in a float64 tensor and converts that at every
+# call (three operators more); the quotient is the same bits (nmt.translate.scripted.scalar)
+_LEVEL = torch.tensor(127.0)
 _ENDS = torch.tensor([1.0, -1.0])  # the two columns that make each of fbgemm's calls span [-1, 1]
 KEPT_ROWS = 8  # calls of up to this many rows divide into a buffer kept per thread (_Fbgemm.spanned)
 _KEPT = threading.local()  # this thread's buffers: (in_features, rows) -> (buffer, its first in_features)
@@ -86,7 +89,7 @@ def _weight_integers(weight: Tensor, level: int) -> tuple[Tensor, Tensor]:
 
 def _row_integers(rows: Tensor) -> tuple[Tensor, Tensor]:
     """Per-row symmetric quantization: (M, in) float32 -> q (M, in) int8 in [-127, 127], a (M, 1)."""
-    scale = rows.abs().amax(dim=1, keepdim=True).div_(127).clamp_min_(_TINY)  # (M, 1) a_r
+    scale = rows.abs().amax(dim=1, keepdim=True).div_(_LEVEL).clamp_min_(_TINY)  # (M, 1) a_r
     return torch.div(rows, scale).round_().to(torch.int8), scale
 
 
@@ -389,8 +392,9 @@ class _Fbgemm(_Kernel):
 
 
 class ScriptedFbgemm(nn.Module):
-    """Int8Linear over _Fbgemm in TorchScript, operator for operator (`_Fbgemm.__call__`; its spanned input
-    built each call: a buffer kept per thread is Python's): (.., in) -> (.., out)."""
+    """Int8Linear over _Fbgemm in TorchScript, operator for operator (`_Fbgemm.__call__`), but for the spanned
+    input: the same numbers, concatenated (a buffer kept per thread is Python's; two fills of a new one
+    are four operators more, each of TorchScript's narrow two): (.., in) -> (.., out)."""
 
     def __init__(self, product: _Fbgemm):
         super().__init__()
@@ -401,9 +405,7 @@ class ScriptedFbgemm(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features)
         a = rows.abs().amax(dim=1, keepdim=True).clamp_min_(self.tiny)  # (M, 1)
-        spanned = rows.new_empty([rows.shape[0], self.in_features + 2])
-        spanned.narrow(1, self.in_features, 2).copy_(self.ends)
-        torch.div(rows, a, out=spanned.narrow(1, 0, self.in_features))
+        spanned = torch.cat([torch.div(rows, a), self.ends.expand(rows.shape[0], 2)], 1)  # (M, in + 2)
         y = torch.ops.quantized.linear_dynamic(spanned, self.packed, self.reduce_range)
         scales = self.scales
         if scales is not None:
@@ -420,10 +422,11 @@ class ScriptedIntMM(nn.Module):
         super().__init__()
         self.weight_t, self.scales, self.bias = weight_t, scales, bias  # (in, out) int8, (out,), (out,)
         self.in_features, self.tiny = weight_t.shape[0], _TINY  # TorchScript reads no global float
+        self.level = _LEVEL.clone()
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features)
-        scale = rows.abs().amax(dim=1, keepdim=True).div_(127).clamp_min_(self.tiny)  # (M, 1) a_r
+        scale = rows.abs().amax(dim=1, keepdim=True).div_(self.level).clamp_min_(self.tiny)  # (M, 1) a_r
         q = torch.div(rows, scale).round_().to(torch.int8)
         y = torch._int_mm(q, self.weight_t).float().mul_(self.scales)
         y = torch.addcmul(self.bias, y, scale, out=y)

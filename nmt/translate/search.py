@@ -101,6 +101,9 @@ class Decoder(Protocol):
         """A state of one row per sentence -> `beam` rows per sentence, each a copy of its sentence's row."""
         ...
 
+    # Optional: greedy_loop(state, max_lens, min_len, lenpen, masks) -> (tokens (B, T), scores (B,)) or None,
+    # greedy_search's plain loop from init_state's state in one call (nmt.model.Transformer.greedy_loop)
+
 
 @dataclass
 class Hypothesis:
@@ -509,6 +512,14 @@ def greedy_search(
     state = model.init_state(memory, src_keep, steps)
     dtype = score_dtype(memory)
     masks = token_masks(model.vocab_size, dtype, src.device)
+    # The loop below in one call, where the model has it for this batch (a few sentences on the CPU,
+    # nmt.translate.scripted.ScriptedGreedy): the same operators without Python between them
+    loop = getattr(model, "greedy_loop", None)
+    if loop is not None and prefix is None and sampler is None and no_repeat_ngram <= 0:
+        found = loop(state, max_lens, min_len, lenpen, masks)
+        if found is not None:
+            tokens, scores = found
+            return [h[0] for h in hypotheses(scores[:, None], tokens[:, None], 1)]
 
     ids = torch.arange(b, device=src.device)  # original sentence of each row
     alive = torch.ones(b, dtype=torch.bool, device=src.device)  # sentences still searching

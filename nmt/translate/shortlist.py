@@ -140,6 +140,10 @@ class ShortlistDecoder:
     def step(self, tokens: Tensor, state):
         return self.model.step(self.ids[tokens], state)  # (N,) union numbers -> vocabulary ids
 
+    def greedy_loop(self, state, max_lens: Tensor, min_len: int, lenpen: float, masks):
+        loop = getattr(self.model, "greedy_loop", None)  # an Ensemble has none
+        return loop(state, max_lens, min_len, lenpen, masks, self.ids) if loop is not None else None
+
     def reorder_beams(self, state, rows: Tensor):
         return self.model.reorder_beams(state, rows)
 
