@@ -322,13 +322,16 @@ def test_the_scripted_greedy_loop_translates_as_the_eager_loop(monkeypatch, kind
     cache grows), with the length limit, min_len and the length penalty at work: the same hypotheses."""
     net = built(kind, monkeypatch)
     assert net.greedy_runner is not None, kind
+    # the loop's sentences: LOOP_ROWS, or fewer where a kernel's scripted form serves fewer rows (_ByRows:
+    # those it gives torch._int_mm, FEW_ROWS here); more run the eager loop
+    most = min(LOOP_ROWS, net.greedy_runner.rows)
     lengths = set()
     for b, seed in ((1, 0), (1, 1), (3, 2), (LOOP_ROWS, 3)):
         src = sources(b, seed=seed)
         shortlist = a_shortlist(seed) if shortlisted else None
         for options in ({}, {"min_len": 4, "lenpen": 1.0}):
             searched, found = greedy_both_ways(net, src, shortlist, **options)
-            assert searched == 1, (kind, b, options)
+            assert searched == (b <= most), (kind, b, most, options)
             lengths |= {len(h.tokens) for h in found}
     assert len(lengths) >= 4 and max(lengths) > 8, lengths  # ends at several steps, past a cache block
 
