@@ -390,12 +390,10 @@ class GreedyRunner:
             if project is None:
                 return None
             mask = state.output.mask
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # an interface argument: TorchScript's DeprecationWarning
-            return self.loop(
-                list(state.self_kv), state.mem_kv, state.src_bias, project, mask, ids, max_lens, min_len,
-                state.max_len, lenpen, masks.free, masks.no_eos, masks.eos_only,
-            )  # fmt: skip
+        return self.loop(
+            list(state.self_kv), state.mem_kv, state.src_bias, project, mask, ids, max_lens, min_len,
+            state.max_len, lenpen, masks.free, masks.no_eos, masks.eos_only,
+        )  # fmt: skip
 
 
 def activation_name(activation) -> str | None:
