@@ -192,7 +192,7 @@ def test_int8_and_prepacked_models_are_scripted_for_as_many_rows_as_their_kernel
         # up to 64 rows where oneDNN keeps a row's bits at every count (its row range, probed on this CPU)
         assert 0 < net.step_rows <= 64 and 0 < net.encode_rows <= 64
         words = f"encoder (up to {net.encode_rows} source tokens), decoder steps (up to {net.step_rows} rows)"
-        words += f" and greedy search (up to {min(LOOP_ROWS, net.greedy_runner.rows)} sentences)"
+        words += f" and greedy search (up to {net.greedy_runner.rows} sentences)"
         assert scripted_words(net) == words + " in TorchScript"
 
 
@@ -324,7 +324,7 @@ def test_the_scripted_greedy_loop_translates_as_the_eager_loop(monkeypatch, kind
     assert net.greedy_runner is not None, kind
     # the loop's sentences: LOOP_ROWS, or fewer where a kernel's scripted form serves fewer rows (_ByRows:
     # those it gives torch._int_mm, FEW_ROWS here); more run the eager loop
-    most = min(LOOP_ROWS, net.greedy_runner.rows)
+    most = net.greedy_runner.rows
     lengths = set()
     for b, seed in ((1, 0), (1, 1), (3, 2), (LOOP_ROWS, 3)):
         src = sources(b, seed=seed)

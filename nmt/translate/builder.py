@@ -291,7 +291,7 @@ def scripted_words(model) -> str:
     """What TorchScript runs, for the log (nmt.translate.scripted): `encoder, decoder steps and greedy
     search (up to 8 sentences) in TorchScript`, or with the most each serves, `encoder (up to 64 source
     tokens), decoder steps (up to 64 rows) and ...`; empty where everything runs eagerly."""
-    from nmt.translate.scripted import ALL_ROWS, LOOP_ROWS
+    from nmt.translate.scripted import ALL_ROWS
 
     parts = []
     for name, rows, unit in (
@@ -302,9 +302,8 @@ def scripted_words(model) -> str:
         if most:
             parts.append(name + ("" if most == ALL_ROWS else f" (up to {most} {unit})"))
     runner = getattr(model, "greedy_runner", None)  # an Ensemble searches eagerly
-    sentences = min(LOOP_ROWS, runner.rows, model.step_rows) if runner is not None else 0
-    if sentences:
-        parts.append(f"greedy search (up to {sentences} sentences)")
+    if runner is not None and runner.rows:
+        parts.append(f"greedy search (up to {runner.rows} sentences)")
     words = ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else "".join(parts)
     return f"{words} in TorchScript" if parts else ""
 

@@ -370,10 +370,11 @@ def rebound(template: torch.jit.ScriptModule, like: nn.Module) -> torch.jit.Scri
 
 class GreedyRunner:
     """A model's ScriptedGreedy, with its full output projection in TorchScript, and what the loop is
-    given for a batch (Transformer.greedy_loop)."""
+    given for a batch (Transformer.greedy_loop). `rows`: the most sentences it searches (LOOP_ROWS, or
+    fewer where the step's or the projection's scripted form serves fewer)."""
 
     def __init__(self, loop: torch.jit.ScriptModule, project: torch.jit.ScriptModule, rows: int):
-        self.loop, self.project, self.rows = loop, project, rows
+        self.loop, self.project, self.rows = loop, project, min(LOOP_ROWS, rows)
 
     def __call__(
         self, state: DecoderState, max_lens: Tensor, min_len: int, lenpen: float, masks, ids: Tensor | None
@@ -381,7 +382,7 @@ class GreedyRunner:
         """The tokens and scores of greedy_search from `state` (the step before the first), or None where
         the loop does not run: more rows than it serves, or a union's product it has no scripted form of."""
         rows = state.rows
-        if state.beam != 1 or state.length != 0 or rows > min(LOOP_ROWS, self.rows):
+        if state.beam != 1 or state.length != 0 or rows > self.rows:
             return None
         project, mask = self.project, None
         if state.output is not None:
