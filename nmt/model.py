@@ -287,9 +287,9 @@ class Transformer(nn.Module):
         self.encode_kernel: nn.Module | None = None
         self.step_kernel: nn.Module | None = None
         self.encode_rows = self.step_rows = 0
-        # Inference only: greedy search's whole loop for a few sentences in TorchScript, steps and output
-        # projection (nmt.translate.scripted.GreedyRunner): `compile_scripted`, `greedy_loop`
-        self.greedy_runner: Callable[..., tuple[Tensor, Tensor] | None] | None = None
+        # Inference only: the searches' whole loops for a few sentences in TorchScript, steps and output
+        # projection (nmt.translate.scripted.ScriptedSearch): `compile_scripted`, `greedy_loop`, `beam_loop`
+        self.search_loops: Any = None
         if initialise:
             self.reset_parameters()
 
@@ -324,16 +324,16 @@ class Transformer(nn.Module):
         encode_rows: int,
         step: nn.Module | None,
         step_rows: int,
-        greedy: Callable[..., tuple[Tensor, Tensor] | None] | None = None,
+        loops: Any = None,
     ) -> None:
         """For inference: batches of up to `encode_rows` source positions (B x S) from now on encoded by
         `encoder`, (B, S) ids -> (memory, key mask) as `encode`; steps of up to `step_rows` rows by `step`,
         (tokens, t, self_kv, mem_kv, src_bias, beam) -> the final hidden states (N, D), writing the
-        self-attention cache at t as `step` does (nmt.translate.scripted); `greedy`, `greedy_loop`'s. None
-        and 0: the eager path."""
+        self-attention cache at t as `step` does (nmt.translate.scripted); `loops`, the searches' loops
+        (`greedy_loop`, `beam_loop`: nmt.translate.scripted.ScriptedSearch). None and 0: the eager path."""
         self.encode_kernel, self.encode_rows = encoder, encode_rows
         self.step_kernel, self.step_rows = step, step_rows
-        self.greedy_runner = greedy
+        self.search_loops = loops
 
     def reset_parameters(self) -> None:
         """Xavier-uniform linear maps, N(0, D^-1/2) embeddings, as tensor2tensor and fairseq initialise."""
@@ -469,13 +469,30 @@ class Transformer(nn.Module):
         ids: Tensor | None = None,
     ) -> tuple[Tensor, Tensor] | None:
         """Greedy search's plain loop from `state` (init_state's, one row per sentence) to the end in one
-        call, where the model has one for it (nmt.translate.scripted.GreedyRunner; search.greedy_search
+        call, where the model has one for it (nmt.translate.scripted.ScriptedSearch; search.greedy_search
         decides what it covers): the tokens (B, T), PAD after each one's last, and the scores (B,); None
         where it has none, or not for this batch. `ids`: the vocabulary ids the tokens stand for (a
         shortlist's union), None where they are the vocabulary's."""
-        if self.greedy_runner is None or self.training or state.rows > self.step_rows:
+        if self.search_loops is None or self.training or state.rows > self.step_rows:
             return None
-        return self.greedy_runner(state, max_lens, min_len, lenpen, masks, ids)
+        return self.search_loops.greedy(state, max_lens, min_len, lenpen, masks, ids)
+
+    def beam_loop(
+        self,
+        state: DecoderState,
+        beam: int,
+        max_lens: Tensor,
+        min_len: int,
+        lenpen: float,
+        nbest: int,
+        masks: Any,
+        ids: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor] | None:
+        """Beam search's plain loop from `state` (init_state's) to the end in one call, as `greedy_loop`:
+        each sentence's `beam` finished scores (B, K), best first, and their tokens (B, K, T)."""
+        if self.search_loops is None or self.training or state.src_bias.shape[0] * beam > self.step_rows:
+            return None
+        return self.search_loops.beam(state, beam, max_lens, min_len, lenpen, nbest, masks, ids)
 
     def reorder_beams(self, state: DecoderState, rows: Tensor) -> DecoderState:
         """Row i takes the history of row rows[i], a row of the same sentence (beam selection).

@@ -17,7 +17,7 @@ from nmt.checkpoint import load_model
 from nmt.config import Precision
 from nmt.model import Transformer
 from nmt.shortlist import Shortlist
-from nmt.tokens import EOS
+from nmt.tokens import EOS, UNK
 from nmt.translate import inference_model
 from nmt.translate.builder import scripted_words
 from nmt.translate.int8 import _ByRows, _Fbgemm, _IntMM, _OneDNN, quantize_int8
@@ -180,7 +180,7 @@ def test_int8_and_prepacked_models_are_scripted_for_as_many_rows_as_their_kernel
     assert net.step_rows == net.encode_rows == ALL_ROWS
     assert (
         scripted_words(net)
-        == f"encoder, decoder steps and greedy search (up to {LOOP_ROWS} sentences) in TorchScript"
+        == f"encoder, decoder steps and the searches (up to {LOOP_ROWS} rows) in TorchScript"
     )
     if probed(_IntMM) is not None:
         assert built("int8-intmm", monkeypatch).step_rows == ALL_ROWS
@@ -192,7 +192,7 @@ def test_int8_and_prepacked_models_are_scripted_for_as_many_rows_as_their_kernel
         # up to 64 rows where oneDNN keeps a row's bits at every count (its row range, probed on this CPU)
         assert 0 < net.step_rows <= 64 and 0 < net.encode_rows <= 64
         words = f"encoder (up to {net.encode_rows} source tokens), decoder steps (up to {net.step_rows} rows)"
-        words += f" and greedy search (up to {net.greedy_runner.rows} sentences)"
+        words += f" and the searches (up to {net.search_loops.rows} rows)"
         assert scripted_words(net) == words + " in TorchScript"
 
 
@@ -274,13 +274,18 @@ def test_threads_stepping_one_scripted_model_at_once_get_their_own_results(monke
 
 
 class Counting:
-    """A model's greedy runner, counting the batches it searched (it returns None where it does not)."""
+    """A model's search loops, counting the batches each searched (a loop returns None where it does not)."""
 
-    def __init__(self, runner):
-        self.runner, self.searched = runner, 0
+    def __init__(self, loops):
+        self.loops, self.rows, self.searched = loops, loops.rows, 0
 
-    def __call__(self, *args):
-        found = self.runner(*args)
+    def greedy(self, *args):
+        return self.count(self.loops.greedy(*args))
+
+    def beam(self, *args):
+        return self.count(self.loops.beam(*args))
+
+    def count(self, found):
         self.searched += found is not None
         return found
 
@@ -292,27 +297,40 @@ def a_shortlist(seed: int, vocab: int = VOCAB) -> Shortlist:
     return Shortlist(frequent, torch.randint(4, vocab, (vocab, 4), generator=gen))
 
 
-def greedy_both_ways(net: Transformer, src: torch.Tensor, shortlist: Shortlist | None, **options) -> list:
-    """greedy_search's hypotheses with the model's scripted loop and with the eager loop over the same
-    scripted step (the runner off): they must be the same, tokens and scores."""
+def both_ways(
+    net: Transformer, src: torch.Tensor, shortlist: Shortlist | None, beam: int = 1, **options
+) -> list:
+    """greedy_search's (beam 1) or beam_search's hypotheses with the model's scripted loop and with the
+    eager loop over the same scripted step (the loops off): they must be the same, tokens and scores."""
 
-    def search() -> list:
+    lenpen = options.pop("lenpen", 0.0 if beam == 1 else 0.6)
+
+    def search(decoder) -> list:
+        if beam == 1:
+            return greedy_search(decoder, src, 1.0, 3, lenpen=lenpen, **options)
+        return beam_search(decoder, src, beam, lenpen, 1.0, 3, **options)
+
+    def translate() -> list:
         with torch.inference_mode():
             if shortlist is None:
-                return greedy_search(net, src, 1.0, 3, **options)
+                return search(net)
             decoder = ShortlistDecoder(net, shortlist, src)
-            return decoder.from_union(greedy_search(decoder, src, 1.0, 3, **options))
+            return decoder.from_union(search(decoder))
 
-    runner = net.greedy_runner
-    net.greedy_runner = None
-    by_eager = search()
-    net.greedy_runner = counting = Counting(runner)
+    loops = net.search_loops
+    net.search_loops = None
+    by_eager = translate()
+    net.search_loops = counting = Counting(loops)
     try:
-        by_loop = search()
+        by_loop = translate()
     finally:
-        net.greedy_runner = runner
+        net.search_loops = loops
     assert by_loop == by_eager
     return [counting.searched, by_loop]
+
+
+def greedy_both_ways(net: Transformer, src: torch.Tensor, shortlist: Shortlist | None, **options) -> list:
+    return both_ways(net, src, shortlist, 1, **options)
 
 
 @pytest.mark.parametrize("kind", [kind for kind in KINDS if not kind.endswith("-linear")])
@@ -321,10 +339,10 @@ def test_the_scripted_greedy_loop_translates_as_the_eager_loop(monkeypatch, kind
     """One sentence and a few, whose translations end at different steps (past a cache block, so the
     cache grows), with the length limit, min_len and the length penalty at work: the same hypotheses."""
     net = built(kind, monkeypatch)
-    assert net.greedy_runner is not None, kind
+    assert net.search_loops is not None, kind
     # the loop's sentences: LOOP_ROWS, or fewer where a kernel's scripted form serves fewer rows (_ByRows:
     # those it gives torch._int_mm, FEW_ROWS here); more run the eager loop
-    most = net.greedy_runner.rows
+    most = net.search_loops.rows
     lengths = set()
     for b, seed in ((1, 0), (1, 1), (3, 2), (LOOP_ROWS, 3)):
         src = sources(b, seed=seed)
@@ -339,23 +357,76 @@ def test_the_scripted_greedy_loop_translates_as_the_eager_loop(monkeypatch, kind
 def test_the_scripted_greedy_loop_leaves_what_it_does_not_cover_to_the_eager_loop(monkeypatch):
     """More sentences than LOOP_ROWS, a forced prefix, n-gram blocking and sampling run the eager loop, and
     so does a model whose output projection has no scripted form (F.linear's: no kernel of its own)."""
-    assert built("fp32-linear", monkeypatch).greedy_runner is None
+    assert built("fp32-linear", monkeypatch).search_loops is None
     net = built("int8-fbgemm", monkeypatch)
     src = sources(LOOP_ROWS + 1, seed=5)
     assert greedy_both_ways(net, src, None)[0] == 0
     assert greedy_both_ways(net, src[:2], None, no_repeat_ngram=2)[0] == 0
     assert greedy_both_ways(net, src[:2], None, prefix=torch.tensor([[5, 6], [7, 0]]))[0] == 0
     sampler = Sampler(topk=5, generator=torch.Generator().manual_seed(0))
-    runner = net.greedy_runner
-    net.greedy_runner = counting = Counting(runner)
+    loops = net.search_loops
+    net.search_loops = counting = Counting(loops)
     with torch.inference_mode():
         greedy_search(net, src[:2], 1.0, 3, sampler=sampler)
     assert counting.searched == 0
-    net.greedy_runner = runner
-    with eager(net), torch.inference_mode():  # the step's scripted form off: the loop's too
-        net.greedy_runner = counting = Counting(runner)
+    net.search_loops = loops
+    with eager(net), torch.inference_mode():  # the step's scripted form off: the loops' too
+        net.search_loops = counting = Counting(loops)
         greedy_search(net, src[:1], 1.0, 3)
+        beam_search(net, src[:1], 4, 0.6, 1.0, 3)
+    net.search_loops = loops
     assert counting.searched == 0
+    # beam search: more rows than LOOP_ROWS, a prefix and n-gram blocking run the eager loop
+    assert both_ways(net, src[:3], None, beam=4)[0] == 0
+    assert both_ways(net, src[:1], None, beam=4, no_repeat_ngram=2)[0] == 0
+    assert both_ways(net, src[:1], None, beam=4, prefix=torch.tensor([[5, 6]]))[0] == 0
+
+
+@pytest.mark.parametrize("kind", [kind for kind in KINDS if not kind.endswith("-linear")])
+@pytest.mark.parametrize("shortlisted", [False, True], ids=["vocabulary", "shortlist"])
+def test_the_scripted_beam_loop_translates_as_the_eager_loop(monkeypatch, kind, shortlisted):
+    """One sentence at beam 4 (the interactive case) and two, at beams 2 to 4, with the n-best, min_len and
+    length penalties at work, hypotheses ending at several steps and past a cache block: the same n-best
+    lists, tokens and scores. Two sentences at beam 4 are LOOP_ROWS rows: one sentence finishes first and
+    the eager loop drops it, the scripted one keeps it, ignored."""
+    net = built(kind, monkeypatch)
+    most = net.search_loops.rows
+    lengths = set()
+    for b, beam, seed in ((1, 4, 0), (1, 4, 1), (2, 4, 2), (1, 2, 3), (2, 3, 4)):
+        src = sources(b, seed=seed)
+        shortlist = a_shortlist(seed) if shortlisted else None
+        for options in ({}, {"nbest": beam}, {"min_len": 4, "lenpen": 1.0}, {"lenpen": -0.5, "nbest": 2}):
+            searched, found = both_ways(net, src, shortlist, beam, **options)
+            assert searched == (b * beam <= most), (kind, b, beam, most, options)
+            lengths |= {len(h.tokens) for hyps in found for h in hyps}
+    assert len(lengths) >= 4 and max(lengths) > 8, lengths
+
+
+def test_the_scripted_beam_loop_starts_at_k_rows_where_the_vocabulary_is_smaller_than_2k(monkeypatch):
+    """A shortlist's union of fewer than 2K ids: each sentence starts at K rows (search.first_width), none
+    widened after step 0, in the scripted loop as in the eager one."""
+    net = built("int8-fbgemm", monkeypatch)
+    shortlist = Shortlist(torch.tensor([5]), torch.full((VOCAB, 1), 6))  # the union: the 4 reserved ids, 5, 6
+    src = sources(1, seed=7)
+    decoder = ShortlistDecoder(net, shortlist, src)
+    decoder.ids, decoder.vocab_size = decoder.ids[:7], 7  # no filler: 7 ids, fewer than 2 x 4
+    decoder.index = torch.zeros(VOCAB, dtype=torch.long)
+    decoder.index[decoder.ids] = torch.arange(7)
+
+    def search():
+        with torch.inference_mode():
+            return decoder.from_union(beam_search(decoder, src, 4, 0.6, 1.0, 3, nbest=4))
+
+    loops = net.search_loops
+    net.search_loops = None
+    by_eager = search()
+    net.search_loops = counting = Counting(loops)
+    try:
+        by_loop = search()
+    finally:
+        net.search_loops = loops
+    assert counting.searched == 1 and by_loop == by_eager
+    assert {t for hyps in by_loop for h in hyps for t in h.tokens} <= {UNK, 5, 6}
 
 
 def test_threads_searching_over_their_own_shortlists_at_once_get_their_own_translations(monkeypatch):

@@ -288,8 +288,8 @@ def precision_words(precision: Precision | None, device: torch.device) -> str:
 
 
 def scripted_words(model) -> str:
-    """What TorchScript runs, for the log (nmt.translate.scripted): `encoder, decoder steps and greedy
-    search (up to 8 sentences) in TorchScript`, or with the most each serves, `encoder (up to 64 source
+    """What TorchScript runs, for the log (nmt.translate.scripted): `encoder, decoder steps and the
+    searches (up to 8 rows) in TorchScript`, or with the most each serves, `encoder (up to 64 source
     tokens), decoder steps (up to 64 rows) and ...`; empty where everything runs eagerly."""
     from nmt.translate.scripted import ALL_ROWS
 
@@ -301,9 +301,9 @@ def scripted_words(model) -> str:
         most = min(getattr(m, rows) for m in model.members)
         if most:
             parts.append(name + ("" if most == ALL_ROWS else f" (up to {most} {unit})"))
-    runner = getattr(model, "greedy_runner", None)  # an Ensemble searches eagerly
-    if runner is not None and runner.rows:
-        parts.append(f"greedy search (up to {runner.rows} sentences)")
+    loops = getattr(model, "search_loops", None)  # an Ensemble searches eagerly
+    if loops is not None and loops.rows:
+        parts.append(f"the searches (up to {loops.rows} rows)")
     words = ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else "".join(parts)
     return f"{words} in TorchScript" if parts else ""
 

@@ -1,4 +1,4 @@
-"""The encoder, the decoder step and greedy search's loop in TorchScript: nmt.model's and the search's
+"""The encoder, the decoder step and the searches' loops in TorchScript: nmt.model's and the search's
 operators, in their order, without Python between them.
 
 A decoder step of one sentence is about a hundred small operators (the student's: 1 to 4 rows each), and
@@ -23,13 +23,14 @@ the time, the encoder 0.73-0.77x (2026-12-02 12:15).
 What it covers: the encoder, and the decoder's layers from the token's embedding to the final LayerNorm,
 where every linear map of theirs runs in a kernel with a scripted form (`scripted()`: fbgemm's int8 and
 torch._int_mm's, nmt.translate.int8, the latter for the rows `_ByRows` gives it; oneDNN's prepacked fp32
-and bf16, nmt.translate.prepacked, for the row counts it pads into one piece; nn.Linear). Greedy search of
-up to LOOP_ROWS sentences, the lines that come alone or a few at a time, runs its whole loop in TorchScript
-(ScriptedGreedy): steps, output projection (a shortlist's union's too, a copy of the scripted projection
-over the union's weights: `rebound`), log-softmax and choice. On the demo model, trained, one sentence
-greedy took 0.82x the time in int8 (with its shortlist or without) and 0.88x in fp32 with its shortlist,
-against the step alone scripted (AMD EPYC, avx2 only, one thread, 2026-12-02 15:27); beam search's
-bookkeeping stays eager. The model keeps its eager path, which runs where the scripted one does not: more
+and bf16, nmt.translate.prepacked, for the row counts it pads into one piece; nn.Linear). A search of up
+to LOOP_ROWS rows (sentences x beam), the lines that come alone or a few at a time, runs its whole loop in
+TorchScript (ScriptedGreedy, ScriptedBeam): steps, output projection (a shortlist's union's too, a copy of
+the scripted projection over the union's weights: `rebound`), and the search's own parts, which are
+TorchScript functions of nmt.translate.search, so both loops run the very code of the eager ones. On the
+demo model, trained, one sentence greedy took 0.82x the time in int8 (with its shortlist or without) and
+0.88x in fp32 with its shortlist, against the step alone scripted (AMD EPYC, avx2 only, one thread,
+2026-12-02 15:27). The model keeps its eager path, which runs where the scripted one does not: more
 rows than every kernel's scripted form serves, a model in training mode, or nothing scripted at all
 (another kernel; a torch where scripting fails: torch.jit.script is deprecated in torch 2.x, and a model
 still translates without it).
@@ -49,6 +50,16 @@ from torch import Tensor, nn
 
 from nmt.model import CACHE_BLOCK, DecoderLayer, DecoderState, EncoderLayer, Transformer
 from nmt.tokens import BOS, EOS, PAD
+from nmt.translate.search import (
+    TokenMasks,
+    expand_scores,
+    finalize,
+    length_penalty,
+    select_live,
+    sentence_done,
+    step_log_probs,
+    top_candidates,
+)
 
 ALL_ROWS = sys.maxsize  # the rows of a kernel whose scripted form serves any number
 
@@ -306,17 +317,15 @@ class ScriptedGreedy(nn.Module):
         min_len: int,
         max_len: int,
         lenpen: float,
-        free: Tensor,
-        no_eos: Tensor,
-        eos_only: Tensor,
+        masks: TokenMasks,
     ) -> tuple[Tensor, Tensor]:
         b = max_lens.shape[0]
         alive = torch.ones([b], dtype=torch.bool)
-        raw = torch.zeros([b], dtype=free.dtype)
+        raw = torch.zeros([b], dtype=masks.free.dtype)
         seqs = torch.full([b, max_len], self.pad, dtype=torch.long)
         last = torch.full([b], self.bos, dtype=torch.long)
         out_tokens = torch.full([b, max_len], self.pad, dtype=torch.long)
-        out_scores = torch.zeros([b], dtype=free.dtype)
+        out_scores = torch.zeros([b], dtype=masks.free.dtype)
         first_limit = int(max_lens.min())
         for t in range(max_len):
             if t == self_kv[0].shape[3]:  # Transformer.step: the cache is full, grow it by a block
@@ -331,13 +340,8 @@ class ScriptedGreedy(nn.Module):
             if union_mask is not None:
                 u = logits.shape[1]
                 logits = logits.view(b, 1, u).add_(union_mask).view(b, u)
-            # search.step_log_probs
-            lprobs = torch.log_softmax(logits.to(free.dtype), dim=-1)
-            mask = no_eos if t < min_len else free
-            if t >= first_limit:
-                lprobs = lprobs + torch.where((max_lens <= t).unsqueeze(1), eos_only, mask)
-            else:
-                lprobs = lprobs.add_(mask)
+            at_limit = max_lens <= t if t >= first_limit else None
+            lprobs = step_log_probs(logits, at_limit, masks, t < min_len)
             best, last = lprobs.max(dim=1)
             raw = raw + best
             ended = last == self.eos
@@ -346,10 +350,128 @@ class ScriptedGreedy(nn.Module):
             if bool(done.any()):
                 alive = alive ^ done
                 out_tokens[done] = seqs[done]
-                out_scores[done] = raw[done] / ((5.0 + (t + 1)) / 6.0) ** lenpen  # search.length_penalty
+                out_scores[done] = raw[done] / length_penalty(t + 1, lenpen)
                 if not bool(alive.any()):
                     break
         return out_tokens, out_scores
+
+
+class ScriptedBeam(nn.Module):
+    """beam_search's loop (nmt.translate.search) over a batch of a sentence or two in TorchScript: the
+    scripted step, the output projection (over a shortlist's union too), and the search's own parts
+    (step_log_probs, top_candidates, finalize, select_live, sentence_done: TorchScript functions), with
+    what Beams and the model do between them written out: finishing, extending, widening after step 0,
+    the cache growing and following the beams. The operators are beam_search's and Transformer's in their
+    order, on caches of the same shapes: the same bits. One difference, as ScriptedGreedy's: a sentence
+    done stays in the batch, its rows computed and ignored, where the eager loop drops the done once they
+    are 1/COMPACT_EVERY of the batch.
+
+    -> each sentence's K finished scores (B, K), best first, -inf where empty, and their tokens (B, K, T),
+    PAD after each one's last: what Beams.hypotheses reads."""
+
+    def __init__(self, step: nn.Module):
+        super().__init__()
+        self.step = step
+        self.block, self.bos, self.eos, self.pad = CACHE_BLOCK, BOS, EOS, PAD  # TorchScript reads no global
+
+    def forward(
+        self,
+        self_kv: list[Tensor],
+        spare: Tensor,
+        mem_kv: Tensor,
+        src_bias: Tensor,
+        project: Projection,
+        union_mask: Optional[Tensor],  # noqa: UP045 - (B, 1, U): SentenceOutput.mask, or None
+        ids: Optional[Tensor],  # noqa: UP045 - (U,) the union's vocabulary ids (ShortlistDecoder), or None
+        k: int,
+        width: int,
+        max_lens: Tensor,
+        min_len: int,
+        max_len: int,
+        lenpen: float,
+        nbest: int,
+        masks: TokenMasks,
+    ) -> tuple[Tensor, Tensor]:
+        b = max_lens.shape[0]
+        dtype = masks.free.dtype
+        # Beams.__init__
+        scores = torch.full([b, width], -math.inf, dtype=dtype)  # (B, beam) live raw scores
+        scores[:, 0] = 0.0
+        seqs = torch.full([b * width, max_len], self.pad, dtype=torch.long)  # (N, T) live tokens so far
+        last = torch.full([b * width], self.bos, dtype=torch.long)
+        fin_scores = torch.full([b, k], -math.inf, dtype=dtype)  # (B, K) best first
+        fin_tokens = torch.full([b, k, max_len], self.pad, dtype=torch.long)
+        out_scores, out_tokens = fin_scores.clone(), fin_tokens.clone()
+        offsets = torch.arange(b).unsqueeze(1) * width  # (B, 1) first row of each sentence
+        alive = torch.ones([b], dtype=torch.bool)
+        first_limit = int(max_lens.min())
+        finished = False
+        beam = width
+        for t in range(max_len):
+            n = b * beam
+            if t == self_kv[0].shape[3]:  # Transformer.step: the cache is full, grow it by a block
+                capacity = min(t + self.block, max_len)  # Transformer.grow_cache
+                spare = spare.new_empty([2, n, spare.shape[2], capacity, spare.shape[4]])
+                for i in range(len(self_kv)):
+                    kv = self_kv[i]
+                    spare.narrow(3, 0, t).copy_(kv.narrow(1, 0, n).narrow(3, 0, t))
+                    self_kv[i] = spare
+                    spare = kv.new_empty([2, n, kv.shape[2], capacity, kv.shape[4]])
+            # 1. one decoder step for every live hypothesis
+            tokens = last if ids is None else ids.index_select(0, last)
+            logits = project.forward(self.step(tokens, t, self_kv, mem_kv, src_bias, beam))
+            vocab = logits.shape[1]
+            if union_mask is not None:  # SentenceOutput.logits
+                logits = logits.view(b, beam, vocab).add_(union_mask).view(n, vocab)
+            at_limit = (max_lens <= t).repeat_interleave(beam) if t >= first_limit else None
+            lprobs = step_log_probs(logits, at_limit, masks, t < min_len)
+            # 2. the 2K best one-token extensions of each sentence
+            cand_scores, cand_beams, cand_tokens = top_candidates(expand_scores(scores, lprobs), 2 * k, vocab)
+            # 3. those among the K best that end in EOS finish (Beams.finish)
+            if bool((cand_tokens.narrow(1, 0, k) == self.eos).any()):
+                parents = (offsets + cand_beams.narrow(1, 0, k)).view(-1)
+                filled = seqs.narrow(1, 0, t).index_select(0, parents).view(b, k, t)
+                fin_view = fin_tokens.narrow(2, 0, t)
+                fin_scores, found = finalize(
+                    fin_scores, fin_view, cand_scores.narrow(1, 0, k), cand_tokens.narrow(1, 0, k), filled,
+                    t + 1, lenpen, self.eos,
+                )  # fmt: skip
+                fin_view.copy_(found)
+                finished = True
+            # 4. the K best others stay live: their rows take over their parents' histories (Beams.extend)
+            scores, live_beams, live_tokens = select_live(cand_scores, cand_beams, cand_tokens, k)
+            rows = (offsets + live_beams).view(-1)
+            last = live_tokens.view(-1)
+            seqs = seqs.index_select(0, rows)
+            seqs[:, t] = last
+            widened = beam != k
+            if widened:  # after step 0: each sentence's row becomes its K beams (Transformer.expand_beams)
+                copies = torch.arange(n).repeat_interleave(k)
+                for i in range(len(self_kv)):
+                    kv = self_kv[i]
+                    wide = kv.new_empty([2, n * k, kv.shape[2], kv.shape[3], kv.shape[4]])
+                    filled = kv.narrow(1, 0, n).narrow(3, 0, t + 1)
+                    torch.index_select(filled, 1, copies, out=wide.narrow(3, 0, t + 1))
+                    self_kv[i] = wide
+                spare = spare.new_empty([2, n * k, spare.shape[2], spare.shape[3], spare.shape[4]])
+                beam, offsets = k, offsets * k
+            # 5. finished sentences are recorded (Beams.done, Beams.record)
+            if finished or t >= first_limit:
+                done = sentence_done(fin_scores, scores, t, max_lens, lenpen, nbest) & alive
+                if bool(done.any()):
+                    alive = alive & ~done
+                    out_scores[done] = fin_scores[done]
+                    out_tokens[done] = fin_tokens[done]
+                    if not bool(alive.any()):
+                        break
+            # 6. the decoder state follows the beams (Transformer.gather_cache)
+            if not widened:
+                for i in range(len(self_kv)):
+                    kv = self_kv[i]
+                    target = spare.narrow(1, 0, n).narrow(3, 0, t + 1)
+                    torch.index_select(kv.narrow(3, 0, t + 1), 1, rows, out=target)
+                    self_kv[i], spare = spare, kv
+        return out_scores, out_tokens
 
 
 def rebound(template: torch.jit.ScriptModule, like: nn.Module) -> torch.jit.ScriptModule | None:
@@ -368,15 +490,32 @@ def rebound(template: torch.jit.ScriptModule, like: nn.Module) -> torch.jit.Scri
     return module
 
 
-class GreedyRunner:
-    """A model's ScriptedGreedy, with its full output projection in TorchScript, and what the loop is
-    given for a batch (Transformer.greedy_loop). `rows`: the most sentences it searches (LOOP_ROWS, or
-    fewer where the step's or the projection's scripted form serves fewer)."""
+class ScriptedSearch:
+    """A model's search loops in TorchScript (ScriptedGreedy, ScriptedBeam) with its full output
+    projection's scripted form, and what a loop is given for a batch (Transformer.greedy_loop, beam_loop).
+    `rows`: the most rows (sentences x beam) a loop searches: LOOP_ROWS, or fewer where the step's or the
+    projection's scripted form serves fewer."""
 
-    def __init__(self, loop: torch.jit.ScriptModule, project: torch.jit.ScriptModule, rows: int):
-        self.loop, self.project, self.rows = loop, project, min(LOOP_ROWS, rows)
+    def __init__(
+        self,
+        greedy: torch.jit.ScriptModule,
+        beam: torch.jit.ScriptModule,
+        project: torch.jit.ScriptModule,
+        rows: int,
+    ):
+        self.greedy_module, self.beam_module, self.project = greedy, beam, project
+        self.rows = min(LOOP_ROWS, rows)
 
-    def __call__(
+    def projection(self, state: DecoderState, rows: int) -> tuple[nn.Module, Tensor | None] | None:
+        """The scripted projection a batch's steps take, and its union's mask (None: the vocabulary's);
+        None where a union's product has no scripted form for `rows` rows."""
+        if state.output is None:
+            return self.project, None
+        found = scripted_map(state.output.project)
+        project = rebound(self.project, found[0]) if found is not None and found[1] >= rows else None
+        return (project, state.output.mask) if project is not None else None
+
+    def greedy(
         self, state: DecoderState, max_lens: Tensor, min_len: int, lenpen: float, masks, ids: Tensor | None
     ) -> tuple[Tensor, Tensor] | None:
         """The tokens and scores of greedy_search from `state` (the step before the first), or None where
@@ -384,16 +523,36 @@ class GreedyRunner:
         rows = state.rows
         if state.beam != 1 or state.length != 0 or rows > self.rows:
             return None
-        project, mask = self.project, None
-        if state.output is not None:
-            found = scripted_map(state.output.project)
-            project = rebound(self.project, found[0]) if found is not None and found[1] >= rows else None
-            if project is None:
-                return None
-            mask = state.output.mask
-        return self.loop(
-            list(state.self_kv), state.mem_kv, state.src_bias, project, mask, ids, max_lens, min_len,
-            state.max_len, lenpen, masks.free, masks.no_eos, masks.eos_only,
+        found = self.projection(state, rows)
+        if found is None:
+            return None
+        return self.greedy_module(
+            list(state.self_kv), state.mem_kv, state.src_bias, found[0], found[1], ids, max_lens, min_len,
+            state.max_len, lenpen, masks,
+        )  # fmt: skip
+
+    def beam(
+        self,
+        state: DecoderState,
+        k: int,
+        max_lens: Tensor,
+        min_len: int,
+        lenpen: float,
+        nbest: int,
+        masks,
+        ids: Tensor | None,
+    ) -> tuple[Tensor, Tensor] | None:
+        """The finished scores (B, K) and tokens (B, K, T) of beam_search from `state` (init_state's, at
+        search.first_width rows per sentence), or None where the loop does not run (as `greedy`)."""
+        rows = state.src_bias.shape[0] * k  # after step 0
+        if state.beam not in (1, k) or state.length != 0 or rows > self.rows:
+            return None
+        found = self.projection(state, rows)
+        if found is None:
+            return None
+        return self.beam_module(
+            list(state.self_kv), state.spare, state.mem_kv, state.src_bias, found[0], found[1], ids, k,
+            state.beam, max_lens, min_len, state.max_len, lenpen, nbest, masks,
         )  # fmt: skip
 
 
@@ -471,17 +630,17 @@ def script_model(model: Transformer) -> bool:
         ]
         step = script(ScriptedStep(model, layers))
         step_rows = min((rows for _, _, rows in found), default=ALL_ROWS) if step is not None else 0
-    model.compile_scripted(encoder, encode_rows, step, step_rows, greedy_runner(step, step_rows, model))
+    model.compile_scripted(encoder, encode_rows, step, step_rows, search_loops(step, step_rows, model))
     return bool(encode_rows or step_rows)
 
 
-def greedy_runner(step: nn.Module | None, step_rows: int, model: Transformer) -> GreedyRunner | None:
-    """The model's greedy loop in TorchScript over its scripted `step`, where its output projection has a
+def search_loops(step: nn.Module | None, step_rows: int, model: Transformer) -> ScriptedSearch | None:
+    """The model's search loops in TorchScript over its scripted `step`, where its output projection has a
     scripted form too (the int8 and prepacked kernels'); None otherwise."""
     found = scripted_map(model.output_kernel) if model.output_kernel is not None else None
     if step is None or found is None:
         return None
-    project, loop = script(found[0]), script(ScriptedGreedy(step))
-    if project is None or loop is None:
+    project, greedy, beam = script(found[0]), script(ScriptedGreedy(step)), script(ScriptedBeam(step))
+    if project is None or greedy is None or beam is None:
         return None
-    return GreedyRunner(loop, project, min(step_rows, found[1]))
+    return ScriptedSearch(greedy, beam, project, min(step_rows, found[1]))

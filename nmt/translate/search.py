@@ -25,6 +25,11 @@ hypothesis, the K best others stay live. A sentence stops, and leaves the batch,
 Rule (a) can stop while a live hypothesis could still, in principle, overtake the finished ones under a
 positive alpha; Sockeye and fairseq accept this too, and it keeps beam 1 identical to greedy.
 
+The parts a loop calls at every step (step_log_probs, top_k, finalize, select_live, sentence_done, ...)
+are also TorchScript functions: a model's loops in TorchScript (nmt.translate.scripted) call the very same
+code. So they take tensors, ints and floats, and reserved ids as arguments with defaults (TorchScript reads
+no global number).
+
 Options that reshape each step's distribution, the same in both searches (fairseq's names):
 - `no_repeat_ngram`: a token that would complete an n-gram already in the hypothesis is forbidden.
 - `prefix`: forced first tokens per sentence (B, P), PAD-filled; the translation continues them. Their
@@ -39,7 +44,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -102,7 +107,9 @@ class Decoder(Protocol):
         ...
 
     # Optional: greedy_loop(state, max_lens, min_len, lenpen, masks) -> (tokens (B, T), scores (B,)) or None,
-    # greedy_search's plain loop from init_state's state in one call (nmt.model.Transformer.greedy_loop)
+    # greedy_search's plain loop from init_state's state in one call (nmt.model.Transformer.greedy_loop);
+    # beam_loop(state, beam, max_lens, min_len, lenpen, nbest, masks) -> (scores (B, K), tokens (B, K, T))
+    # or None, beam_search's (nmt.model.Transformer.beam_loop)
 
 
 @dataclass
@@ -114,9 +121,14 @@ class Hypothesis:
 # ---- the parts, as pure functions -------------------------------------------------------------------
 
 
-def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
+def length_penalty(length: int, alpha: float) -> float:
     """GNMT lp(Y) = ((5 + |Y|) / 6)^alpha, |Y| the hypothesis length counting its EOS."""
     return ((5 + length) / 6) ** alpha
+
+
+def length_penalties(lengths: Tensor, alpha: float) -> Tensor:
+    """length_penalty of each of the lengths (B,), in their (floating) dtype."""
+    return ((5 + lengths) / 6) ** alpha
 
 
 def output_limits(
@@ -146,8 +158,7 @@ def score_dtype(memory: Tensor) -> torch.dtype:
     return torch.promote_types(memory.dtype, torch.float32)
 
 
-@dataclass(frozen=True)
-class TokenMasks:
+class TokenMasks(NamedTuple):  # a NamedTuple, which TorchScript takes as an argument
     """Additive masks (V,), built once per search: which tokens a step may emit."""
 
     free: Tensor  # forbids PAD and BOS
@@ -245,7 +256,7 @@ def expand_scores(scores: Tensor, lprobs: Tensor) -> Tensor:
 TOP_K_BLOCK = 128
 
 
-def top_k(x: Tensor, n: int) -> tuple[Tensor, Tensor]:
+def top_k(x: Tensor, n: int, block: int = TOP_K_BLOCK) -> tuple[Tensor, Tensor]:
     """x.topk(n, dim=1) over a beam step's candidates: (B, W) -> values, indices (B, n), best first.
 
     torch's CPU top-k took 60 us a row of 32,000 (2 ns an element; the demo model at beam 4): 11% of a
@@ -258,18 +269,18 @@ def top_k(x: Tensor, n: int) -> tuple[Tensor, Tensor]:
     elements is taken may differ from torch's, whose choice is unspecified as well. Each row is on its own,
     so a sentence's candidates do not depend on its batch."""
     b, width = x.shape
-    blocks = width // TOP_K_BLOCK
+    blocks = width // block
     if x.device.type != "cpu" or blocks <= 2 * n:
         return x.topk(n, dim=1)
-    main = blocks * TOP_K_BLOCK
-    tiled = x[:, :main].reshape(b, blocks, TOP_K_BLOCK)  # a view wherever rows are contiguous
+    main = blocks * block
+    tiled = x[:, :main].reshape(b, blocks, block)  # a view wherever rows are contiguous
     chosen = tiled.amax(dim=2).topk(n, dim=1).indices  # (B, n) the blocks that hold the top n
-    pool = tiled.gather(1, chosen[:, :, None].expand(-1, -1, TOP_K_BLOCK)).view(b, n * TOP_K_BLOCK)
+    pool = tiled.gather(1, chosen[:, :, None].expand(-1, -1, block)).view(b, n * block)
     if main < width:  # the tail, fewer than a block's elements, is always looked at
         pool = torch.cat([pool, x[:, main:]], dim=1)
     values, at = pool.topk(n, dim=1)  # (B, n) positions in the pool
-    pooled = n * TOP_K_BLOCK
-    in_block = chosen.gather(1, (at // TOP_K_BLOCK).clamp_max_(n - 1)) * TOP_K_BLOCK + at % TOP_K_BLOCK
+    pooled = n * block
+    in_block = chosen.gather(1, (at // block).clamp_max_(n - 1)) * block + at % block
     return values, torch.where(at < pooled, in_block, at - pooled + main)
 
 
@@ -287,6 +298,7 @@ def finalize(
     cand_seqs: Tensor,
     length: int,
     alpha: float,
+    eos: int = EOS,
 ) -> tuple[Tensor, Tensor]:
     """Finish the candidates that end in EOS and keep each sentence's K best finished hypotheses.
 
@@ -297,23 +309,25 @@ def finalize(
     positions filled so far (length - 1): the search passes that much, not its whole length limit.
     """
     k = fin_scores.shape[1]
-    ends = (cand_tokens == EOS) & torch.isfinite(cand_scores)  # (B, K)
+    ends = (cand_tokens == eos) & torch.isfinite(cand_scores)  # (B, K)
     new_scores = torch.where(ends, cand_scores / length_penalty(length, alpha), -math.inf)  # (B, K)
     scores, pick = torch.cat([fin_scores, new_scores], 1).topk(k, dim=1)  # (B, 2K) -> (B, K)
     tokens = torch.cat([fin_tokens, cand_seqs], 1)  # (B, 2K, T)
     return scores, tokens.gather(1, pick[:, :, None].expand(-1, -1, tokens.shape[2]))  # (B, K, T)
 
 
-def live_order(cand_tokens: Tensor, k: int) -> Tensor:
+def live_order(cand_tokens: Tensor, k: int, eos: int = EOS) -> Tensor:
     """Which K candidates stay live: the first K not ending in EOS, in candidate order: (B, 2K) -> (B, K).
 
     Among 2K candidates at most K end in EOS (one per beam), so K always remain. The sort is stable, so
     the candidates keep their score order.
     """
-    return torch.sort((cand_tokens == EOS).to(torch.uint8), dim=1, stable=True).indices[:, :k]  # (B, K)
+    return torch.sort((cand_tokens == eos).to(torch.uint8), dim=1, stable=True).indices[:, :k]  # (B, K)
 
 
-def select_live(cand_scores: Tensor, cand_beams: Tensor, cand_tokens: Tensor, k: int) -> tuple[Tensor, ...]:
+def select_live(
+    cand_scores: Tensor, cand_beams: Tensor, cand_tokens: Tensor, k: int
+) -> tuple[Tensor, Tensor, Tensor]:
     """The K best candidates that do not end in EOS, best first (live_order): (B, 2K) each -> (B, K) each."""
     order = live_order(cand_tokens, k)
     return cand_scores.gather(1, order), cand_beams.gather(1, order), cand_tokens.gather(1, order)
@@ -325,7 +339,7 @@ def best_possible(live_best: Tensor, t: int, max_lens: Tensor, alpha: float) -> 
     Later tokens only lower s (log-probs <= 0), and it ends with |Y| in [t + 2, max_len + 1], so its score
     is at most s / max lp(|Y|): lp at max_len + 1 for alpha >= 0, at t + 2 for alpha < 0. (B,) -> (B,).
     """
-    longest = length_penalty((max_lens + 1).to(live_best.dtype), alpha)
+    longest = length_penalties((max_lens + 1).to(live_best.dtype), alpha)
     return live_best / torch.clamp(longest, min=length_penalty(t + 2, alpha))
 
 
@@ -353,6 +367,12 @@ def hypotheses(scores: Tensor, tokens: Tensor, n: int) -> list[list[Hypothesis]]
     return out
 
 
+def first_width(k: int, vocab: int) -> int:
+    """Rows per sentence at beam search's step 0: one, whose 2K best extensions are all distinct (its K
+    beams would all start from BOS alike), unless a vocabulary smaller than 2K leaves one row too few."""
+    return 1 if 2 * k <= vocab else k
+
+
 class Beams:
     """The bookkeeping of a beam search over a batch, shared by beam_search and the constrained search
     (nmt.translate.constraints): the live hypotheses of each sentence, its K best finished ones, and the
@@ -368,7 +388,7 @@ class Beams:
         self, b: int, k: int, vocab: int, steps: int, max_lens: Tensor, prefix: Tensor | None, dtype
     ):
         dev = max_lens.device
-        self.k, self.width = k, 1 if 2 * k <= vocab else k
+        self.k, self.width = k, first_width(k, vocab)
         self.ids = torch.arange(b, device=dev)  # (B,) original sentence of each live sentence
         self.alive = torch.ones(b, dtype=torch.bool, device=dev)  # (B,) sentences still searching
         self.max_lens = max_lens  # (B,)
@@ -586,8 +606,15 @@ def beam_search(
     steps = int(max_lens.max()) + 1  # decoder positions: BOS + up to max_len tokens
     memory, src_keep = model.encode(src)
     masks = token_masks(model.vocab_size, score_dtype(memory), src.device)
+    state = model.init_state(memory, src_keep, steps, first_width(k, model.vocab_size))
+    # The loop below in one call, where the model has it for this batch (one sentence or two on the CPU,
+    # nmt.translate.scripted.ScriptedBeam): the same parts without Python between them
+    loop = getattr(model, "beam_loop", None)
+    if loop is not None and prefix is None and no_repeat_ngram <= 0:
+        found = loop(state, k, max_lens, min_len, lenpen, nbest, masks)
+        if found is not None:
+            return hypotheses(*found, nbest)
     beams = Beams(src.shape[0], k, model.vocab_size, steps, max_lens, prefix, masks.free.dtype)
-    state = model.init_state(memory, src_keep, steps, beams.width)
     for t in range(steps):
         # 1. one decoder step for every live hypothesis
         logits, state = model.step(beams.last, state)

@@ -144,6 +144,12 @@ class ShortlistDecoder:
         loop = getattr(self.model, "greedy_loop", None)  # an Ensemble has none
         return loop(state, max_lens, min_len, lenpen, masks, self.ids) if loop is not None else None
 
+    def beam_loop(self, state, beam: int, max_lens: Tensor, min_len: int, lenpen: float, nbest: int, masks):
+        loop = getattr(self.model, "beam_loop", None)
+        if loop is None:  # an Ensemble has none
+            return None
+        return loop(state, beam, max_lens, min_len, lenpen, nbest, masks, self.ids)
+
     def reorder_beams(self, state, rows: Tensor):
         return self.model.reorder_beams(state, rows)
 
