@@ -62,7 +62,7 @@ def probed(product) -> int | None:
         return None
 
 
-FEW_ROWS = 4  # int8-byrows: torch._int_mm up to this many rows (scripted), oneDNN's kernel above (eager)
+FEW_ROWS = 4  # int8-byrows: torch._int_mm up to this many rows, oneDNN's kernel above (to 64 rows scripted)
 
 
 def int8_kernel(monkeypatch, product) -> None:
@@ -104,7 +104,7 @@ def eager(net: Transformer) -> Iterator[None]:
         net.encode_rows, net.step_rows = rows
 
 
-INT8_KINDS = {"int8-fbgemm": _Fbgemm, "int8-intmm": _IntMM, "int8-byrows": _ByRows}
+INT8_KINDS = {"int8-fbgemm": _Fbgemm, "int8-intmm": _IntMM, "int8-byrows": _ByRows, "int8-onednn": _OneDNN}
 KINDS = [*INT8_KINDS, "fp32-prepacked", "bf16-prepacked", "fp32-linear", "bf16-linear"]
 SHAPES = [  # (sentences, beam): one sentence greedy and at beam 4, a few, and more than 64 rows
     (1, 1),
@@ -173,9 +173,9 @@ def test_every_layer_variant_scripts_to_the_same_bits(monkeypatch, kind, model):
 
 
 def test_int8_and_prepacked_models_are_scripted_for_as_many_rows_as_their_kernels_serve(monkeypatch):
-    """fbgemm's and torch._int_mm's scripted forms serve any row count; _ByRows's the rows it gives
-    _int_mm; oneDNN's prepacked one those it pads into one piece (up to 64), and the eager path takes
-    larger batches; the log says which."""
+    """fbgemm's and torch._int_mm's scripted forms serve any row count; oneDNN's int8 and prepacked ones,
+    and so _ByRows's, those they pad into one piece (up to 64), and the eager path takes larger batches;
+    the log says which."""
     net = built("int8-fbgemm", monkeypatch)
     assert net.step_rows == net.encode_rows == ALL_ROWS
     assert (
@@ -184,9 +184,10 @@ def test_int8_and_prepacked_models_are_scripted_for_as_many_rows_as_their_kernel
     )
     if probed(_IntMM) is not None:
         assert built("int8-intmm", monkeypatch).step_rows == ALL_ROWS
-    if probed(_ByRows) is not None:
-        net = built("int8-byrows", monkeypatch)
-        assert net.step_rows == net.encode_rows == FEW_ROWS
+    for kind in ("int8-byrows", "int8-onednn"):
+        if probed(INT8_KINDS[kind]) is not None:
+            net = built(kind, monkeypatch)
+            assert net.step_rows == net.encode_rows == 64 and net.search_loops.rows == LOOP_ROWS, kind
     if prepacked_available(torch.float32):
         net = built("fp32-prepacked", monkeypatch)
         # up to 64 rows where oneDNN keeps a row's bits at every count (its row range, probed on this CPU)
@@ -211,14 +212,6 @@ def test_the_scripted_model_keeps_its_state_dict(monkeypatch):
 
 def test_a_kernel_without_a_scripted_form_or_a_failing_script_leaves_the_eager_step(monkeypatch):
     net = random_model()
-    bits = probed(_OneDNN)
-    if bits is not None:  # oneDNN's int8 kernel has no scripted form
-        monkeypatch.setattr("nmt.translate.int8.kernel", lambda: (_OneDNN, bits))
-        assert not script_model(quantize_int8(random_model()))
-    if probed(_ByRows) is not None:  # _ByRows where oneDNN multiplies even one row: nothing to script
-        int8_kernel(monkeypatch, _ByRows)
-        monkeypatch.setattr("nmt.translate.int8._few_rows", lambda *shape: 0)
-        assert not script_model(quantize_int8(random_model()))
     fbgemm_kernel(monkeypatch)
     quantize_int8(net)
 
@@ -340,8 +333,8 @@ def test_the_scripted_greedy_loop_translates_as_the_eager_loop(monkeypatch, kind
     cache grows), with the length limit, min_len and the length penalty at work: the same hypotheses."""
     net = built(kind, monkeypatch)
     assert net.search_loops is not None, kind
-    # the loop's sentences: LOOP_ROWS, or fewer where a kernel's scripted form serves fewer rows (_ByRows:
-    # those it gives torch._int_mm, FEW_ROWS here); more run the eager loop
+    # the loop's sentences: LOOP_ROWS, or fewer where a kernel's scripted form serves fewer rows; more run
+    # the eager loop. A shortlist's union in _ByRows builds its oneDNN copy for the loop past FEW_ROWS rows.
     most = net.search_loops.rows
     lengths = set()
     for b, seed in ((1, 0), (1, 1), (3, 2), (LOOP_ROWS, 3)):

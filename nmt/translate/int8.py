@@ -58,12 +58,14 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
+from typing import Optional, Union  # noqa: UP035 - for TorchScript (ScriptedRowQuantized)
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmt.errors import NmtError
-from nmt.translate.prepacked import in_row_buckets
+from nmt.translate.prepacked import in_row_buckets, one_piece_pads
 
 PROBE_ROWS = (1, 3, 8, 64, 512)  # the row counts at which `kernel` checks each product
 _TINY = 1e-30  # the scale of an all-zero row, whose integers are then all 0
@@ -113,9 +115,10 @@ class _Kernel:
         where it keeps none (prepacked only), and the rows are quantized again from their floats."""
         return None
 
-    def scripted(self) -> tuple[nn.Module, int] | None:
+    def scripted(self, rows: int = 1) -> tuple[nn.Module, int] | None:
         """This product as a TorchScript module of the same operators (nmt.translate.scripted) and the most
-        rows it serves; None where it has none (the eager step runs)."""
+        rows it serves, with what calls of up to `rows` rows need built; None where it has none (the eager
+        step runs)."""
         return None
 
     @classmethod
@@ -200,7 +203,7 @@ class _OneDNN(_RowQuantized):
     name = "onednn"
 
     def prepare(self, weight: Tensor, scales: Tensor) -> None:
-        self.weight = torch.ops.onednn.qlinear_prepack(weight, None)
+        self.weight, self.in_features = torch.ops.onednn.qlinear_prepack(weight, None), weight.shape[1]
         self.scales = scales.float().contiguous()
         self.zero_points = torch.zeros(len(scales), dtype=torch.long)
 
@@ -228,6 +231,11 @@ class _OneDNN(_RowQuantized):
             "",
         )
 
+    def scripted(self, rows: int = 1) -> tuple[nn.Module, int]:
+        pad_to = one_piece_pads()
+        scripted = ScriptedRowQuantized(self.bias, self.scales, self.in_features, onednn=self, pad_to=pad_to)
+        return scripted, len(pad_to) - 1
+
 
 class _IntMM(_RowQuantized):
     """torch._int_mm: int32 sums, scaled per output row after."""
@@ -244,8 +252,9 @@ class _IntMM(_RowQuantized):
         # int32 -> float32 first, then in place: about half the time of a mixed-type multiply and a new tensor
         return torch._int_mm(q, self.weight_t).float().mul_(self.scales)
 
-    def scripted(self) -> tuple[nn.Module, int]:
-        return ScriptedIntMM(self.weight_t, self.scales, self.bias), ALL_ROWS
+    def scripted(self, rows: int = 1) -> tuple[nn.Module, int]:
+        in_features = len(self.weight_t)
+        return ScriptedRowQuantized(self.bias, self.scales, in_features, self.weight_t, ALL_ROWS), ALL_ROWS
 
 
 class _Fbgemm(_Kernel):
@@ -322,7 +331,7 @@ class _Fbgemm(_Kernel):
         product.weight = self._pack_integers(weight.index_select(0, ids))
         return product
 
-    def scripted(self) -> tuple[nn.Module, int]:
+    def scripted(self, rows: int = 1) -> tuple[nn.Module, int]:
         return ScriptedFbgemm(self), sys.maxsize
 
     def spanned(self, rows: Tensor, divisor: Tensor | float) -> Tensor:
@@ -414,21 +423,53 @@ class ScriptedFbgemm(nn.Module):
         return y.view(x.shape[:-1] + [y.shape[1]])
 
 
-class ScriptedIntMM(nn.Module):
-    """_RowQuantized over torch._int_mm in TorchScript, operator for operator (`_row_integers`,
-    `_IntMM.multiply`, the scaling of `_RowQuantized.__call__`): (.., in) -> (.., out)."""
+class ScriptedRowQuantized(nn.Module):
+    """_RowQuantized in TorchScript (`_row_integers`, the scaling of `__call__`) over torch._int_mm for up to
+    `few_rows` rows (`_IntMM.multiply`) and oneDNN's prepacked kernel for more (`_OneDNN.multiply`), up to
+    the len(pad_to) - 1 rows that `in_row_buckets` pads into one piece (`pad_to[m]`, one_piece_pads): as
+    _ByRows, _IntMM (few_rows ALL_ROWS) or _OneDNN (0) splits them, (.., in) -> (.., out). oneDNN's u8
+    integers are q + 128 added to the rounded floats before they become integers, not q's bytes with the
+    top bit flipped (TorchScript has no Tensor.view(dtype)): the same integers, so the same bits."""
 
-    def __init__(self, weight_t: Tensor, scales: Tensor, bias: Tensor):
+    def __init__(
+        self,
+        bias: Tensor,
+        scales: Tensor,
+        in_features: int,
+        weight_t: Tensor | None = None,
+        few_rows: int = 0,
+        onednn: _OneDNN | None = None,
+        pad_to: list[int] | None = None,
+    ):
         super().__init__()
-        self.weight_t, self.scales, self.bias = weight_t, scales, bias  # (in, out) int8, (out,), (out,)
-        self.in_features, self.tiny = weight_t.shape[0], _TINY  # TorchScript reads no global float
-        self.level = _LEVEL.clone()
+        self.bias, self.scales = bias, scales  # (out,), (out,)
+        self.in_features, self.few_rows = in_features, few_rows
+        # a kernel's tensors, or empty ones where it is absent (its rows never come: `rows` of `scripted`)
+        self.weight_t = torch.empty(0, 0, dtype=torch.int8) if weight_t is None else weight_t  # (in, out)
+        self.packed = torch.empty(0, dtype=torch.int8) if onednn is None else onednn.weight
+        self.zero_points = torch.empty(0, dtype=torch.long) if onednn is None else onednn.zero_points
+        self.pad_to = [0] if pad_to is None else pad_to
+        self.level, self.shift, self.tiny = _LEVEL.clone(), 128.0, _TINY  # TorchScript reads no global float
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features)
+        m = rows.shape[0]
         scale = rows.abs().amax(dim=1, keepdim=True).div_(self.level).clamp_min_(self.tiny)  # (M, 1) a_r
-        q = torch.div(rows, scale).round_().to(torch.int8)
-        y = torch._int_mm(q, self.weight_t).float().mul_(self.scales)
+        integers = torch.div(rows, scale).round_()
+        if m <= self.few_rows:
+            y = torch._int_mm(integers.to(torch.int8), self.weight_t).float().mul_(self.scales)
+        else:
+            u = integers.add_(self.shift).to(torch.uint8)
+            bucket = self.pad_to[m]
+            if bucket != m:
+                u = F.pad(u, [0, 0, 0, bucket - m])
+            none: list[Optional[Union[int, float, complex]]] = []  # noqa: UP007, UP045 - TorchScript's Scalar?[]
+            y = torch.ops.onednn.qlinear_pointwise(
+                u, 1.0, 128, self.packed, self.scales, self.zero_points, None, 1.0, 0, torch.float32, "none",
+                none, "",
+            )  # fmt: skip
+            if bucket != m:
+                y = y[:m]
         y = torch.addcmul(self.bias, y, scale, out=y)
         return y.view(x.shape[:-1] + [y.shape[1]])
 
@@ -530,12 +571,21 @@ class _ByRows(_RowQuantized):
         self.ready()
         return self.many.multiply(q)
 
-    def scripted(self) -> tuple[nn.Module, int] | None:
-        """_int_mm's rows in TorchScript (a decoder step's few); more run eagerly, through oneDNN's kernel.
-        None where oneDNN multiplies even one row (it was the faster here)."""
-        if self.few_rows < 1:
+    def scripted(self, rows: int = 1) -> tuple[nn.Module, int] | None:
+        """Both kernels in TorchScript, each for its rows: _int_mm's, and oneDNN's up to the rows it takes in
+        one piece. oneDNN's copy is built where `rows` are more than _int_mm's, as the eager product builds it
+        at the first such call (a shortlist's union, built for one batch, may need none)."""
+        if rows > self.few_rows:
+            self.ready()
+        pad_to = one_piece_pads() if self.many is not None else [0]
+        rows = self.few_rows if self.few_rows == ALL_ROWS else max(self.few_rows, len(pad_to) - 1)
+        if rows < 1:
             return None
-        return ScriptedIntMM(self.few.weight_t, self.scales, self.bias), self.few_rows
+        weight_t = self.few.weight_t
+        scripted = ScriptedRowQuantized(
+            self.bias, self.scales, len(weight_t), weight_t, self.few_rows, self.many, pad_to
+        )
+        return scripted, rows
 
     @classmethod
     def probed(cls, weight: Tensor, scales: Tensor) -> list[_RowQuantized]:
@@ -621,9 +671,9 @@ class Int8Linear(nn.Module):
         # the shape is read, of a tensor that holds no data
         return Int8Linear(torch.empty(len(ids), self.in_features, device="meta"), None, True, product)
 
-    def scripted(self) -> tuple[nn.Module, int] | None:
+    def scripted(self, rows: int = 1) -> tuple[nn.Module, int] | None:
         """The product's TorchScript form and its most rows, or None (`_Kernel.scripted`)."""
-        return self.product.scripted()
+        return self.product.scripted(rows)
 
     def forward(self, x: Tensor) -> Tensor:
         y = self.product(x.reshape(-1, self.in_features))  # (M, out)

@@ -77,6 +77,18 @@ def row_pieces(m: int, least: int = 1, most: int = ROW_BUCKETS[-1]) -> tuple[tup
     return tuple(pieces)
 
 
+def one_piece_pads(least: int = 1, most: int = ROW_BUCKETS[-1]) -> list[int]:
+    """pad_to[m]: the row count that `in_row_buckets` pads m rows to, for each m from 1 up to the most it
+    multiplies in one piece (PAD_BELOW at most: a scripted product's rows); pad_to[0] = 0."""
+    pad_to = [0]
+    for m in range(1, PAD_BELOW + 1):
+        pieces = row_pieces(m, least, most)
+        if len(pieces) > 1:
+            break
+        pad_to.append(pieces[0][1])
+    return pad_to
+
+
 def in_row_buckets(
     rows: Tensor, product: Callable[[Tensor], Tensor], least: int = 1, most: int = ROW_BUCKETS[-1]
 ) -> Tensor:
@@ -129,16 +141,12 @@ class PrepackedLinear(nn.Module):
     def product(self, rows: Tensor) -> Tensor:
         return torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, self.activation, [], "")
 
-    def scripted(self) -> tuple[nn.Module, int] | None:
+    def scripted(self, rows: int = 1) -> tuple[nn.Module, int] | None:
         """This product as a TorchScript module of the same operators (nmt.translate.scripted), for the row
         counts it pads into one piece (up to PAD_BELOW, where a step's operators are small), and how many
-        those are; None where even one row takes more than one piece."""
-        pad_to = [0]  # pad_to[m]: the row count m rows are padded to
-        for m in range(1, PAD_BELOW + 1):
-            pieces = row_pieces(m, self.least, self.most)
-            if len(pieces) > 1:
-                break
-            pad_to.append(pieces[0][1])
+        those are; None where even one row takes more than one piece. `rows`: as int8's (`_Kernel.scripted`),
+        here with nothing to build."""
+        pad_to = one_piece_pads(self.least, self.most)
         rows = len(pad_to) - 1
         return (ScriptedPrepacked(self, pad_to), rows) if rows else None
 

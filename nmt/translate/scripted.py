@@ -21,9 +21,10 @@ int8 and 0.89-0.99x in fp32. On an Intel Xeon with AMX, where int8 multiplies a 
 the time, the encoder 0.73-0.77x (2026-12-02 12:15).
 
 What it covers: the encoder, and the decoder's layers from the token's embedding to the final LayerNorm,
-where every linear map of theirs runs in a kernel with a scripted form (`scripted()`: fbgemm's int8 and
-torch._int_mm's, nmt.translate.int8, the latter for the rows `_ByRows` gives it; oneDNN's prepacked fp32
-and bf16, nmt.translate.prepacked, for the row counts it pads into one piece; nn.Linear). A search of up
+where every linear map of theirs runs in a kernel with a scripted form (`scripted()`: fbgemm's and
+torch._int_mm's int8 for any row count, oneDNN's int8 and its prepacked fp32 and bf16 for the row counts
+they pad into one piece, _ByRows's two each for its rows: nmt.translate.int8, nmt.translate.prepacked;
+nn.Linear). A search of up
 to LOOP_ROWS rows (sentences x beam), the lines that come alone or a few at a time, runs its whole loop in
 TorchScript (ScriptedGreedy, ScriptedBeam): steps, output projection (a shortlist's union's too, a copy of
 the scripted projection over the union's weights: `rebound`), and the search's own parts, which are
@@ -77,12 +78,13 @@ class ScriptedLinear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
 
-def scripted_map(linear: nn.Module) -> tuple[nn.Module, int] | None:
-    """A linear map's scripted form and the most rows it serves, or None where its kernel has none."""
+def scripted_map(linear: nn.Module, rows: int = 1) -> tuple[nn.Module, int] | None:
+    """A linear map's scripted form and the most rows it serves, or None where its kernel has none; what a
+    kernel builds at its first call of more rows than it has met is built for `rows` (nmt.translate.int8)."""
     if type(linear) is nn.Linear:
         return ScriptedLinear(linear), ALL_ROWS
     scripted = getattr(linear, "scripted", None)
-    return scripted() if scripted is not None else None
+    return scripted(rows) if scripted is not None else None
 
 
 class ScriptedLayerNorm(nn.Module):
@@ -511,7 +513,7 @@ class ScriptedSearch:
         None where a union's product has no scripted form for `rows` rows."""
         if state.output is None:
             return self.project, None
-        found = scripted_map(state.output.project)
+        found = scripted_map(state.output.project, rows)
         project = rebound(self.project, found[0]) if found is not None and found[1] >= rows else None
         return (project, state.output.mask) if project is not None else None
 
