@@ -37,10 +37,13 @@ from nmt.config import ModelConfig
 from nmt.tokens import PAD
 
 # The self-attention cache grows by this many positions at a time, up to the state's max_len. The caches
-# are the decoder's largest memory (3 layers of 468 rows x 32 positions: 117 MB at the default batch budget
-# on the demo model), and a block is what they may hold beyond the filled positions: 8 rather than 16 cut
-# the peak RSS of 1000 test lines by 26-90 MiB at the same speed (benchmarks/RESULTS.md, "Memory").
-CACHE_BLOCK = 8
+# are the decoder's largest memory (3 layers and the spare of 452 rows x 24 positions: 85 MiB at the
+# default batch budget on the demo model, at the peak), and a block is what they may hold beyond the filled
+# positions: 8 rather than 16 cut the peak RSS of 1000 test lines by 26-90 MiB at the same speed, 4 rather
+# than 8 the heap's peak in use by 14 MiB, with the same translations and speed (benchmarks/RESULTS.md,
+# "Memory", and the 2026-12-04 entry). A growth copies the filled cache, as every step's gather does: with
+# a block of 4 the growths copy a quarter of what the gathers do (an eighth at 8), which did not show.
+CACHE_BLOCK = 4
 
 
 def sinusoidal_positions(length: int, d_model: int) -> Tensor:
