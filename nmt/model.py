@@ -240,13 +240,17 @@ class DecoderState:
     """Everything the decoder remembers between steps, for N = B sentences x beam rows, sentence-major.
 
     Rows move (beam selection, finished sentences leaving) layer by layer: a layer's filled positions are
-    gathered into `spare`, which becomes that layer's cache, and its old cache the spare of the next layer.
-    One copy, no allocation while the shapes stay, and one layer's buffer beyond the cache (a spare for
-    the whole cache would double the decoder's largest memory).
+    gathered into a new buffer, which becomes that layer's cache, and its old cache takes the next layer's
+    rows; the last layer's old cache is freed. One copy, one allocation a step, and one layer's buffer
+    beyond the cache while the gather runs (a spare for the whole cache would double the decoder's largest
+    memory). Between the eager search's steps `spare` holds no rows: a layer's buffer kept there was 17-28
+    MiB more at the peak of the demo model's batches, in the step's output projection
+    (benchmarks/RESULTS.md, 2026-12-04). init_state's spare has its rows, for the scripted loops, which
+    keep theirs (nmt.translate.scripted).
     """
 
     self_kv: list[Tensor]  # L x (2, R, H, C, K), R >= N rows, C positions: rows :N, positions :length filled
-    spare: Tensor  # (2, R, H, C, K): where the next gather of a layer's rows writes
+    spare: Tensor  # (2, R, H, C, K): where the next gather of a layer's rows writes, if it has the rows
     mem_kv: Tensor  # (L, 2, B, H, S, K): encoder keys/values, projected once, shared by a sentence's rows
     src_bias: Tensor  # (B, 1, 1, S): 0 for source tokens, -inf for padding (a bool mask costs ops a call)
     beam: int  # rows per sentence
@@ -525,28 +529,32 @@ class Transformer(nn.Module):
             wide = self.empty_cache(kv, n * beam, kv.shape[3])
             torch.index_select(kv[:, :n, :, :t], 1, rows, out=wide[:, :, :, :t])
             state.self_kv[i] = wide
-        state.spare = self.empty_cache(state.spare, n * beam, state.spare.shape[3])
+        state.spare = self.empty_cache(state.spare, 0, state.spare.shape[3])  # none kept (DecoderState)
         state.beam *= beam
         return state
 
     def grow_cache(self, state: DecoderState, capacity: int) -> None:
-        """Every layer's cache (and the spare) to `capacity` positions, a layer at a time, so that the old
-        and the grown cache are never held whole at once."""
+        """Every layer's cache to `capacity` positions, a layer at a time, so that the old and the grown
+        cache are never held whole at once; the spare with no rows at that capacity (DecoderState)."""
         t, n = state.length, state.rows
-        state.spare = self.empty_cache(state.spare, n, capacity)
         for i, kv in enumerate(state.self_kv):
-            state.spare[:, :, :, :t] = kv[:, :n, :, :t]
-            state.self_kv[i], state.spare = state.spare, self.empty_cache(kv, n, capacity)
+            grown = self.empty_cache(kv, n, capacity)
+            grown[:, :, :, :t] = kv[:, :n, :, :t]
+            state.self_kv[i] = grown
+        state.spare = self.empty_cache(state.spare, 0, capacity)
 
     def gather_cache(self, state: DecoderState, rows: Tensor) -> DecoderState:
         """Row i of each layer's self-attention cache takes row rows[i]'s filled positions: one copy into
-        the spare, which becomes the layer's cache; the old cache is the next layer's spare."""
+        the spare (a new buffer where it lacks the rows), which becomes the layer's cache; the old cache is
+        the next layer's spare, and the last layer's is freed (DecoderState)."""
         t, n = state.length, rows.shape[0]
         for i, kv in enumerate(state.self_kv):
-            # More rows than the spare holds (select_rows repeating sentences): a new buffer of n rows.
+            # More rows than the spare holds (none between steps, or select_rows repeating sentences): a new
+            # buffer of n rows
             target = state.spare if n <= state.spare.shape[1] else self.empty_cache(kv, n, kv.shape[3])
             torch.index_select(kv[:, :, :, :t], 1, rows, out=target[:, :n, :, :t])
             state.self_kv[i], state.spare = target, kv
+        state.spare = self.empty_cache(kv, 0, kv.shape[3])  # the last layer's old cache freed
         return state
 
 

@@ -152,7 +152,7 @@ def test_expand_beams_widens_one_row_per_sentence_to_a_beam():
     first, narrow = model.step(bos, narrow)
     _, wide = model.step(bos.repeat_interleave(3), wide)
     narrow = model.expand_beams(narrow, 3)
-    assert narrow.beam == 3 and narrow.rows == 6 and narrow.spare.shape[1] >= 6
+    assert narrow.beam == 3 and narrow.rows == 6 and narrow.spare.numel() == 0  # no buffer kept between steps
     tokens = torch.randint(4, 40, (6,), generator=g)
     for t in range(3):
         got, narrow = model.step(tokens, narrow)
@@ -167,8 +167,8 @@ def test_expand_beams_widens_one_row_per_sentence_to_a_beam():
 @torch.no_grad()
 def test_the_cache_grows_past_its_blocks_while_rows_move():
     """Two rows a sentence, reordered every step, a sentence dropped, over several cache blocks: every
-    step's logits are those of the whole history recomputed, and the cache holds no more positions than
-    it needs."""
+    step's logits are those of the whole history recomputed, the cache holds no more positions than it
+    needs, and no layer's buffer is kept beyond the caches between steps (DecoderState)."""
     model, g = tiny_model(), torch.Generator().manual_seed(0)
     src = torch.randint(4, 40, (3, 6), generator=g)
     steps = 2 * CACHE_BLOCK + 3
@@ -191,6 +191,7 @@ def test_the_cache_grows_past_its_blocks_while_rows_move():
         elif t < steps - 1:
             state = model.reorder_beams(state, moves)
         history = history[moves] if t < steps - 1 else history
+        assert state.spare.numel() == 0 and state.spare.shape[3] == state.self_kv[0].shape[3], t
     with pytest.raises(ValueError, match="past"):
         model.step(history[:, -1], state)
 
