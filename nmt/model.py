@@ -37,8 +37,8 @@ from nmt.config import ModelConfig
 from nmt.tokens import PAD
 
 # The self-attention cache grows by this many positions at a time, up to the state's max_len. The caches
-# are the decoder's largest memory (3 layers and the spare of 452 rows x 24 positions: 85 MiB at the
-# default batch budget on the demo model, at the peak), and a block is what they may hold beyond the filled
+# are the decoder's largest memory (3 layers of 452 rows x 24 positions: 64 MiB at the default batch budget
+# on the demo model, at the peak of a batch), and a block is what they may hold beyond the filled
 # positions: 8 rather than 16 cut the peak RSS of 1000 test lines by 26-90 MiB at the same speed, 4 rather
 # than 8 the heap's peak in use by 14 MiB, with the same translations and speed (benchmarks/RESULTS.md,
 # "Memory", and the 2026-12-04 entry). A growth copies the filled cache, as every step's gather does: with
@@ -243,8 +243,8 @@ class DecoderState:
     gathered into a new buffer, which becomes that layer's cache, and its old cache takes the next layer's
     rows; the last layer's old cache is freed. One copy, one allocation a step, and one layer's buffer
     beyond the cache while the gather runs (a spare for the whole cache would double the decoder's largest
-    memory). Between the eager search's steps `spare` holds no rows: a layer's buffer kept there was 17-28
-    MiB more at the peak of the demo model's batches, in the step's output projection
+    memory). Between the eager search's steps `spare` holds no rows: a layer's buffer kept there was 17 MiB
+    more at the peak of the demo model's batches, in the step's output projection
     (benchmarks/RESULTS.md, 2026-12-04). init_state's spare has its rows, for the scripted loops, which
     keep theirs (nmt.translate.scripted).
     """
