@@ -529,19 +529,19 @@ class Transformer(nn.Module):
             wide = self.empty_cache(kv, n * beam, kv.shape[3])
             torch.index_select(kv[:, :n, :, :t], 1, rows, out=wide[:, :, :, :t])
             state.self_kv[i] = wide
-        state.spare = self.empty_cache(state.spare, 0, state.spare.shape[3])  # none kept (DecoderState)
+        self.release_spare(state)
         state.beam *= beam
         return state
 
     def grow_cache(self, state: DecoderState, capacity: int) -> None:
         """Every layer's cache to `capacity` positions, a layer at a time, so that the old and the grown
-        cache are never held whole at once; the spare with no rows at that capacity (DecoderState)."""
+        cache are never held whole at once; no spare kept (release_spare)."""
         t, n = state.length, state.rows
         for i, kv in enumerate(state.self_kv):
             grown = self.empty_cache(kv, n, capacity)
             grown[:, :, :, :t] = kv[:, :n, :, :t]
             state.self_kv[i] = grown
-        state.spare = self.empty_cache(state.spare, 0, capacity)
+        self.release_spare(state)
 
     def gather_cache(self, state: DecoderState, rows: Tensor) -> DecoderState:
         """Row i of each layer's self-attention cache takes row rows[i]'s filled positions: one copy into
@@ -554,8 +554,13 @@ class Transformer(nn.Module):
             target = state.spare if n <= state.spare.shape[1] else self.empty_cache(kv, n, kv.shape[3])
             torch.index_select(kv[:, :, :, :t], 1, rows, out=target[:, :n, :, :t])
             state.self_kv[i], state.spare = target, kv
-        state.spare = self.empty_cache(kv, 0, kv.shape[3])  # the last layer's old cache freed
+        self.release_spare(state)  # the last layer's old cache
         return state
+
+    def release_spare(self, state: DecoderState) -> None:
+        """No layer's buffer kept beyond the caches between steps (DecoderState): the spare with no rows,
+        at the caches' capacity."""
+        state.spare = self.empty_cache(state.self_kv[0], 0, state.self_kv[0].shape[3])
 
 
 @contextlib.contextmanager
