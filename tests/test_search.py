@@ -1,6 +1,7 @@
 """Greedy and beam search: scripted-probability fakes for exact hypotheses, and a real random model
 checked against a naive reference that recomputes the whole prefix at every step."""
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -22,6 +23,8 @@ from nmt.translate.search import (
     length_penalty,
     max_output_lengths,
     select_live,
+    step_log_probs,
+    token_masks,
     top_k,
 )
 
@@ -139,6 +142,47 @@ def test_top_k_is_the_same_row_alone_and_in_a_batch():
     for i in range(len(x)):
         one = top_k(x[i : i + 1], 8)
         assert torch.equal(one[0], values[i : i + 1]) and torch.equal(one[1], indices[i : i + 1])
+
+
+@functools.cache
+def scripted_step_log_probs():
+    return torch.jit.script(step_log_probs)
+
+
+@given(
+    rows=st.integers(1, 6),
+    vocab=st.integers(4, 300),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+    before_min=st.booleans(),
+    limits=st.sampled_from(["none", "some", "all"]),
+    seed=st.integers(0, 2**31 - 1),
+)
+@settings(max_examples=60, deadline=None)
+def test_step_log_probs_are_log_softmax_plus_the_masks_to_the_bit(
+    rows, vocab, dtype, before_min, limits, seed
+):
+    """A usual step sets the forbidden ids to -inf where it once added a mask of 0s and -infs: the very
+    same numbers, in eager mode and in TorchScript (the scripted loops call this function), whatever
+    the logits (huge, tiny, -inf, ties) and the rows at their length limit."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(rows, vocab, generator=gen, dtype=torch.float64) * 30
+    logits[torch.rand(rows, vocab, generator=gen) < 0.2] = -math.inf
+    logits[:, 0] = 1e4  # PAD dominating: its mass still counts in the normalizer
+    logits = logits.to(dtype)
+    masks = token_masks(vocab, dtype, torch.device("cpu"))
+    at_limit = {
+        "none": None,
+        "some": torch.rand(rows, generator=gen) < 0.5,
+        "all": torch.ones(rows, dtype=torch.bool),
+    }[limits]
+    mask = masks.no_eos if before_min else masks.free
+    if at_limit is not None:
+        mask = torch.where(at_limit[:, None], masks.eos_only, mask)
+    reference = torch.log_softmax(logits, dim=-1) + mask
+    for run in (step_log_probs, scripted_step_log_probs()):
+        got = run(logits.clone(), at_limit, masks, before_min)
+        assert got.dtype == dtype and torch.equal(got, reference)
+    assert torch.isneginf(reference[:, [PAD, BOS] + ([EOS] if before_min and at_limit is None else [])]).all()
 
 
 def test_length_penalty_flips_the_ranking():
