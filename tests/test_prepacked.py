@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import weakref
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from nmt.translate.prepacked import (
     ROW_BUCKETS,
     PrepackedLinear,
     available,
+    in_row_buckets,
     prepack_model,
     row_pieces,
     row_range,
@@ -97,6 +99,28 @@ def test_rows_run_at_a_few_counts_and_only_a_few_are_padding():
         counts.update(bucket for _, bucket in pieces)
     assert counts == set(ROW_BUCKETS)  # every row count from 1 to 4999 runs at these 12 shapes only
     assert len(ROW_BUCKETS) <= 12  # each count is a kernel per product shape (memory): the powers of two
+
+
+@pytest.mark.parametrize("m", [0, 1, 3, 64, 65, 452, 1000])
+def test_rows_cut_into_pieces_give_the_whole_product_holding_one_piece_at_a_time(m):
+    """in_row_buckets gives the product of all the rows at once, and no piece's output outlives its copy
+    into the whole: when a piece is multiplied, no earlier piece's output is still alive (a decoder step's
+    output projection is where a batch's memory peaks)."""
+    weight = torch.randn(24, 16, generator=torch.Generator().manual_seed(m))
+    rows = torch.randn(m, 16, generator=torch.Generator().manual_seed(m + 1))
+    alive: list[weakref.ref] = []
+
+    def product(piece: torch.Tensor) -> torch.Tensor:
+        assert piece.shape[0] == 0 or piece.shape[0] in ROW_BUCKETS
+        assert all(ref() is None for ref in alive)
+        y = piece @ weight.t()
+        alive.append(weakref.ref(y))
+        return y
+
+    out = in_row_buckets(rows, product, 1, 128)
+    assert out.shape == (m, 24)
+    torch.testing.assert_close(out, rows @ weight.t(), rtol=1e-6, atol=1e-6)
+    assert len(alive) == max(1, len(row_pieces(m, 1, 128)))
 
 
 def test_every_map_is_prepacked_and_the_decoder_steps_as_before():

@@ -51,7 +51,7 @@ from nmt.translate.threads import on_threads
 # So a product runs only at these row counts. Rows are padded up to the next count (zero rows: a row's
 # result does not depend on the others) where that adds at most an eighth to the product, or always below
 # PAD_BELOW rows, where a product costs about the same at any count; otherwise they are cut into the
-# largest counts that fit, whose outputs are then concatenated (one more copy of the whole output).
+# largest counts that fit, whose outputs are then copied into one (one more copy of the whole output).
 # Powers of two: the demo model's 1,000 test lines met 18 counts of the 22 that also had the halfway
 # counts (3, 6, 12 ... 1536), for each of its decoder's 5 shapes of product; the 8 fewer counts cut the
 # peak RSS by 23-47 MiB at the same speed and outputs (benchmarks/RESULTS.md, 2026-11-28).
@@ -97,15 +97,26 @@ def in_row_buckets(
     whose row results do not depend on the other rows, and whose library builds a kernel per row count.
     `least` and `most` (buckets, `row_range`): no piece has fewer rows than `least` (it is padded up to
     them), nor more than `most`."""
-    pieces, start, out = row_pieces(rows.shape[0], least, most), 0, []
+    pieces, start, out = row_pieces(rows.shape[0], least, most), 0, None
+    if not pieces:  # no rows
+        return product(rows)
     for m, bucket in pieces:
         piece = rows[start : start + m]
         if bucket != m:
             piece = F.pad(piece, (0, 0, 0, bucket - m))
         y = product(piece)
-        out.append(y if bucket == m else y[:m])
+        if len(pieces) == 1:
+            return y if bucket == m else y[:m]
+        # Each piece's output goes into the whole output and is freed before the next is multiplied: the
+        # whole and one piece held at a time, where concatenating held every piece and the whole at once.
+        # A decoder step's output projection is where a batch's memory peaks: 6 MiB less of the heap in
+        # use there for the demo model at its default budget (benchmarks/RESULTS.md, 2026-12-04 02:40)
+        if out is None:
+            out = y.new_empty(rows.shape[0], y.shape[1])
+        out[start : start + m] = y[:m]
+        del y
         start += m
-    return out[0] if len(out) == 1 else torch.cat(out)
+    return out
 
 
 def _pack(weight: Tensor) -> Tensor:
