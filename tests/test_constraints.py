@@ -19,7 +19,7 @@ from nmt.translate.constraints import (
 )
 from nmt.translate.search import beam_search
 
-from .test_search import VOCAB, pad, random_model, random_sources
+from .test_search import VOCAB, pad, random_model, random_sources, watch_logits
 
 pytestmark = [pytest.mark.numerics, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -97,6 +97,15 @@ def random_constraints(seed: int, n: int) -> list[list[Constraint]]:
             terms.append(Constraint((alt, other), count=1 + (i % 2)))
         out.append(terms)
     return out
+
+
+def test_a_steps_logits_are_freed_before_the_next_step_projects():
+    """As in beam search (tests/test_search.py): no step's (rows, V) numbers are held through the next."""
+    model, sources = random_model(6), random_sources(6, 8)
+    held = watch_logits(model)
+    with torch.inference_mode():
+        constrained_beam_search(model, pad(sources), random_constraints(6, 8), 4, 0.6, 1.0, 3)
+    assert len(held) > 2
 
 
 @pytest.mark.parametrize("beam", [1, 4])

@@ -3,6 +3,7 @@ checked against a naive reference that recomputes the whole prefix at every step
 
 import functools
 import math
+import weakref
 from dataclasses import dataclass
 
 import pytest
@@ -17,6 +18,7 @@ from nmt.translate.search import (
     EOS,
     PAD,
     TOP_K_BLOCK,
+    Sampler,
     beam_search,
     best_possible,
     greedy_search,
@@ -334,6 +336,37 @@ def reference_beam(model, src: list[int], beam, alpha, a, b, nbest) -> list[tupl
         if len(finished) >= nbest and finished[nbest - 1][1] >= bound:
             break
     return finished[:nbest]
+
+
+def watch_logits(model) -> list[weakref.ref]:
+    """model.step made to check, at every step, that no earlier step's logits are still held; the list of
+    those logits' references, one a step."""
+    held: list[weakref.ref] = []
+    step = model.step
+
+    def watched(tokens, state):
+        assert all(ref() is None for ref in held), "the last step's logits outlived it"
+        logits, state = step(tokens, state)
+        held.append(weakref.ref(logits))
+        return logits, state
+
+    model.step = watched
+    return held
+
+
+@pytest.mark.parametrize("search", ["beam", "greedy", "sampling"])
+def test_a_steps_logits_are_freed_before_the_next_step_projects(search):
+    """Each step's (rows, V) logits, the largest buffer a step makes, are no longer held when the next
+    step runs: its output projection is where a batch's memory peaks."""
+    model, src = random_model(), pad(random_sources(3))
+    held = watch_logits(model)
+    with torch.inference_mode():
+        if search == "beam":
+            beam_search(model, src, 4, 0.6, 1.0, 6)
+        else:
+            sampler = Sampler(generator=torch.Generator().manual_seed(0)) if search == "sampling" else None
+            greedy_search(model, src, 1.0, 6, sampler=sampler)
+    assert len(held) > 2
 
 
 @pytest.mark.parametrize("beam, alpha", [(1, 0.6), (4, 0.6), (4, 0.0), (3, 1.5)])

@@ -382,6 +382,7 @@ def constrained_beam_search(
             1,
         )  # (B, M)
         cand_scores = unique(flat, cand.gather(1, flat))  # (B, M)
+        del logits, lprobs, cand  # (rows, V) each, not held through the next step's output projection
         # 3. each candidate's progress, its bank, and the 2K kept by dynamic beam allocation
         m = flat.shape[1]
         parent = beams.rows(flat // vocab)  # (B*M,)

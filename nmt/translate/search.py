@@ -566,6 +566,7 @@ def greedy_search(
         lprobs = force_prefix(block_repeated_ngrams(lprobs, seqs[:, :t], no_repeat_ngram), prefix, t)
         # 2. the best token, or a drawn one
         best, last = lprobs.max(dim=1) if sampler is None else sampler(lprobs)  # (B,)
+        del logits, lprobs  # (B, V), not held through the next step's output projection
         raw = raw + best
         ended = last == EOS
         done = ended & alive
@@ -631,6 +632,10 @@ def beam_search(
         lprobs = force_prefix(lprobs, beams.row_prefix, t)
         # 2. the 2K best one-token extensions of each sentence
         cand = top_candidates(expand_scores(beams.scores, lprobs), 2 * k, lprobs.shape[1])  # 3 x (B, 2K)
+        # The step's (B*width, V) numbers are done with: held through the next step's output projection,
+        # where a batch's memory peaks, they were 14 MiB more of the heap in use there (the demo model at
+        # its default budget, fp32 and int8; benchmarks/RESULTS.md, 2026-12-04 02:40)
+        del logits, lprobs
         # 3. those among the K best that end in EOS finish
         beams.finish(*cand, t, lenpen)
         # 4. the K best others stay live: their rows take over their parents' histories
