@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from nmt.config import DecodeConfig, Precision
-from nmt.model import Transformer
+from nmt.model import FeedForward, Transformer
 from nmt.translate import Translator, inference_model
 from nmt.translate.int8 import (
     ALL_ROWS,
@@ -24,6 +24,7 @@ from nmt.translate.int8 import (
     quantize_int8,
     weight_bits,
 )
+from nmt.translate.prepacked import applied
 from nmt.translate.search import beam_search, greedy_search
 from nmt.translate.torch_engine import padded_sources, padded_width
 
@@ -82,6 +83,31 @@ def test_an_int8_row_is_the_same_alone_and_among_any_rows(each_kernel):
         for rows in (2, 3, 17, 64, 299, 300):
             for start in (0, 300 - rows):
                 assert torch.equal(int8(x[start : start + rows]), alone[start : start + rows]), (rows, start)
+
+
+def test_a_relu_folded_into_the_next_maps_quantization_gives_its_very_bits(each_kernel):
+    """fc2 of a feed-forward block quantizes max(0, x) itself (quantize_int8 folds the ReLU in): the same
+    output as the ReLU before it, to the bit, at every row count, eagerly and in TorchScript; and
+    quantize_int8 folds it into every ReLU block."""
+    torch.manual_seed(1)
+    linear = nn.Linear(160, 96)
+    x = torch.randn(300, 160) * torch.logspace(-2, 2, 300)[:, None]
+    x[5] = -x[5].abs()  # a row with no positive input: only the bias
+    x[6, ::3] = 0.0
+    with torch.inference_mode():
+        plain, folded = Int8Linear(linear.weight, linear.bias), Int8Linear(linear.weight, linear.bias)
+        folded.product.relu_input = True
+        module, most = folded.scripted(8) or (None, 0)
+        module = torch.jit.script(module) if module is not None else None
+        for rows in (1, 2, 4, 7, 8, 64, 300):
+            expected = plain(torch.relu(x[:rows]))
+            assert torch.equal(folded(x[:rows]), expected), rows
+            if module is not None and rows <= most:
+                assert torch.equal(module(x[:rows]), expected), rows
+        assert torch.equal(folded(x[5:6])[0], linear.bias)
+    model = quantize_int8(Transformer(make_config().model, VOCAB).eval())
+    ffns = [m for m in model.modules() if isinstance(m, FeedForward)]
+    assert ffns and all(f.activation is applied and f.fc2.product.relu_input for f in ffns)
 
 
 @pytest.mark.parametrize("few_rows", [0, 1, 3, 32])

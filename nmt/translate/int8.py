@@ -65,7 +65,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmt.errors import NmtError
-from nmt.translate.prepacked import in_row_buckets, one_piece_pads
+from nmt.model import FeedForward
+from nmt.translate.prepacked import applied, in_row_buckets, one_piece_pads
 
 PROBE_ROWS = (1, 3, 8, 64, 512)  # the row counts at which `kernel` checks each product
 _TINY = 1e-30  # the scale of an all-zero row, whose integers are then all 0
@@ -89,8 +90,14 @@ def _weight_integers(weight: Tensor, level: int) -> tuple[Tensor, Tensor]:
     return torch.round(weight / scales[:, None]).to(torch.int8), scales
 
 
-def _row_integers(rows: Tensor) -> tuple[Tensor, Tensor]:
-    """Per-row symmetric quantization: (M, in) float32 -> q (M, in) int8 in [-127, 127], a (M, 1)."""
+def _row_integers(rows: Tensor, relu: bool = False) -> tuple[Tensor, Tensor]:
+    """Per-row symmetric quantization: (M, in) float32 -> q (M, in) int8 in [-127, 127], a (M, 1).
+
+    `relu`: of max(0, rows), without that pass and the one of abs(): the same scales and integers, as
+    max_i |max(0, x_i)| is max(0, max_i x_i), and max(0, x) / a_r is max(0, x / a_r) (a_r > 0)."""
+    if relu:
+        scale = rows.amax(dim=1, keepdim=True).clamp_min_(0.0).div_(_LEVEL).clamp_min_(_TINY)
+        return torch.div(rows, scale).clamp_min_(0.0).round_().to(torch.int8), scale
     scale = rows.abs().amax(dim=1, keepdim=True).div_(_LEVEL).clamp_min_(_TINY)  # (M, 1) a_r
     return torch.div(rows, scale).round_().to(torch.int8), scale
 
@@ -102,6 +109,7 @@ class _Kernel:
     name = ""
     bits = 8
     narrowed = "weights"  # which integers get 7 bits where sums would saturate (the module's docstring)
+    relu_input = False  # multiplies max(0, rows): a feed-forward's second map, its ReLU folded in here
 
     def __call__(self, rows: Tensor) -> Tensor:
         raise NotImplementedError
@@ -163,7 +171,7 @@ class _RowQuantized(_Kernel):
         raise NotImplementedError
 
     def __call__(self, rows: Tensor) -> Tensor:
-        q, scale = _row_integers(rows)
+        q, scale = _row_integers(rows, self.relu_input)
         y = self.multiply(q)
         return torch.addcmul(self.bias, y, scale, out=y)  # a_r s_o acc + b_o
 
@@ -233,7 +241,9 @@ class _OneDNN(_RowQuantized):
 
     def scripted(self, rows: int = 1) -> tuple[nn.Module, int]:
         pad_to = one_piece_pads()
-        scripted = ScriptedRowQuantized(self.bias, self.scales, self.in_features, onednn=self, pad_to=pad_to)
+        scripted = ScriptedRowQuantized(
+            self.bias, self.scales, self.in_features, onednn=self, pad_to=pad_to, relu_input=self.relu_input
+        )
         return scripted, len(pad_to) - 1
 
 
@@ -254,7 +264,10 @@ class _IntMM(_RowQuantized):
 
     def scripted(self, rows: int = 1) -> tuple[nn.Module, int]:
         in_features = len(self.weight_t)
-        return ScriptedRowQuantized(self.bias, self.scales, in_features, self.weight_t, ALL_ROWS), ALL_ROWS
+        scripted = ScriptedRowQuantized(
+            self.bias, self.scales, in_features, self.weight_t, ALL_ROWS, relu_input=self.relu_input
+        )
+        return scripted, ALL_ROWS
 
 
 class _Fbgemm(_Kernel):
@@ -367,6 +380,8 @@ class _Fbgemm(_Kernel):
         return x
 
     def __call__(self, rows: Tensor) -> Tensor:
+        if self.relu_input:
+            rows = F.relu(rows)
         a = rows.abs().amax(dim=1, keepdim=True).clamp_min_(_TINY)  # (M, 1)
         x = self.spanned(rows, a)  # each row's largest |x| is now exactly 1
         y = self.linear(x, self.weight, self.bits < 8)  # reduce_range: 7 bits
@@ -410,9 +425,12 @@ class ScriptedFbgemm(nn.Module):
         self.packed, self.bias, self.scales = product.weight, product.bias, product.scales
         self.reduce_range, self.in_features = product.bits < 8, product.in_features
         self.ends, self.tiny = _ENDS.clone(), _TINY  # TorchScript reads no global float
+        self.relu_input = product.relu_input
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features)
+        if self.relu_input:
+            rows = F.relu(rows)
         a = rows.abs().amax(dim=1, keepdim=True).clamp_min_(self.tiny)  # (M, 1)
         spanned = torch.cat([torch.div(rows, a), self.ends.expand(rows.shape[0], 2)], 1)  # (M, in + 2)
         y = torch.ops.quantized.linear_dynamic(spanned, self.packed, self.reduce_range)
@@ -440,9 +458,10 @@ class ScriptedRowQuantized(nn.Module):
         few_rows: int = 0,
         onednn: _OneDNN | None = None,
         pad_to: list[int] | None = None,
+        relu_input: bool = False,
     ):
         super().__init__()
-        self.bias, self.scales = bias, scales  # (out,), (out,)
+        self.bias, self.scales, self.relu_input = bias, scales, relu_input  # (out,), (out,)
         self.in_features, self.few_rows = in_features, few_rows
         # a kernel's tensors, or empty ones where it is absent (its rows never come: `rows` of `scripted`)
         self.weight_t = torch.empty(0, 0, dtype=torch.int8) if weight_t is None else weight_t  # (in, out)
@@ -454,8 +473,12 @@ class ScriptedRowQuantized(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features)
         m = rows.shape[0]
-        scale = rows.abs().amax(dim=1, keepdim=True).div_(self.level).clamp_min_(self.tiny)  # (M, 1) a_r
-        integers = torch.div(rows, scale).round_()
+        if self.relu_input:  # _row_integers's, of max(0, rows)
+            scale = rows.amax(dim=1, keepdim=True).clamp_min_(0.0).div_(self.level).clamp_min_(self.tiny)
+            integers = torch.div(rows, scale).clamp_min_(0.0).round_()
+        else:
+            scale = rows.abs().amax(dim=1, keepdim=True).div_(self.level).clamp_min_(self.tiny)  # (M, 1) a_r
+            integers = torch.div(rows, scale).round_()
         if m <= self.few_rows:
             y = torch._int_mm(integers.to(torch.int8), self.weight_t).float().mul_(self.scales)
         else:
@@ -583,7 +606,7 @@ class _ByRows(_RowQuantized):
             return None
         weight_t = self.few.weight_t
         scripted = ScriptedRowQuantized(
-            self.bias, self.scales, len(weight_t), weight_t, self.few_rows, self.many, pad_to
+            self.bias, self.scales, len(weight_t), weight_t, self.few_rows, self.many, pad_to, self.relu_input
         )
         return scripted, rows
 
@@ -697,5 +720,10 @@ def quantize_int8(model: nn.Module) -> nn.Module:
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
                 setattr(parent, name, Int8Linear(child.weight, child.bias))
+    for ffn in list(model.modules()):
+        # max(0, x) folded into the quantization of fc2's input (_row_integers): two passes fewer over a
+        # step's widest activations, the same integers
+        if isinstance(ffn, FeedForward) and ffn.activation is F.relu:
+            ffn.fc2.product.relu_input, ffn.activation = True, applied
     model.compile_output(functools.partial(Int8Linear, gather=True))  # the shared embedding as projection
     return model

@@ -328,7 +328,7 @@ def available(dtype: torch.dtype = torch.float32) -> bool:
 
 
 def applied(x: Tensor) -> Tensor:
-    """The activation of a FeedForward whose fc1 applies it already."""
+    """The activation of a FeedForward whose fc1 applies it already, or fc2 to its input (int8)."""
     return x
 
 

@@ -107,7 +107,7 @@ def scripted_norm(norm: nn.Module) -> nn.Module:
 
 class ScriptedFeedForward(nn.Module):
     """FeedForward: fc2(activation(fc1(x))), the activation by name (TorchScript calls no Python function):
-    relu, swish, or none where fc1 applies it (nmt.translate.prepacked)."""
+    relu, swish, or none where fc1 applies it (nmt.translate.prepacked) or fc2 (nmt.translate.int8)."""
 
     def __init__(self, fc1: nn.Module, fc2: nn.Module, activation: str):
         super().__init__()
@@ -564,7 +564,7 @@ def activation_name(activation) -> str | None:
         return "relu"
     if activation is F.silu:
         return "swish"
-    from nmt.translate.prepacked import applied  # fc1 applies it: prepacked with its ReLU fused
+    from nmt.translate.prepacked import applied  # fc1 applies it (prepacked), or fc2 to its input (int8)
 
     return "none" if activation is applied else None
 
