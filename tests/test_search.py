@@ -339,25 +339,33 @@ def reference_beam(model, src: list[int], beam, alpha, a, b, nbest) -> list[tupl
 
 
 def watch_logits(model) -> list[weakref.ref]:
-    """model.step made to check, at every step, that no earlier step's logits are still held; the list of
-    those logits' references, one a step."""
+    """model.step made to check, at every step, that no earlier step's logits are still held, nor the
+    encoder's output (the state has its keys and values); the list of those logits' references, one a
+    step."""
     held: list[weakref.ref] = []
-    step = model.step
+    encoded: list[weakref.ref] = []
+    step, encode = model.step, model.encode
+
+    def encode_watched(src):
+        memory, src_keep = encode(src)
+        encoded.append(weakref.ref(memory))
+        return memory, src_keep
 
     def watched(tokens, state):
         assert all(ref() is None for ref in held), "the last step's logits outlived it"
+        assert all(ref() is None for ref in encoded), "the encoder's output is held through the steps"
         logits, state = step(tokens, state)
         held.append(weakref.ref(logits))
         return logits, state
 
-    model.step = watched
+    model.step, model.encode = watched, encode_watched
     return held
 
 
 @pytest.mark.parametrize("search", ["beam", "greedy", "sampling"])
 def test_a_steps_logits_are_freed_before_the_next_step_projects(search):
     """Each step's (rows, V) logits, the largest buffer a step makes, are no longer held when the next
-    step runs: its output projection is where a batch's memory peaks."""
+    step runs: its output projection is where a batch's memory peaks. Nor is the encoder's output."""
     model, src = random_model(), pad(random_sources(3))
     held = watch_logits(model)
     with torch.inference_mode():

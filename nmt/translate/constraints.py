@@ -337,6 +337,7 @@ def constrained_beam_search(
     masks = token_masks(vocab, score_dtype(memory), dev)
     beams = Beams(src.shape[0], k, vocab, steps, max_lens, prefix, masks.free.dtype)
     state = model.init_state(memory, src_keep, steps, beams.width)
+    del memory  # the state holds what the steps need of it (the encoder's keys and values)
     rows_of = beams.width * src.shape[0]
     n_paths = cons.paths.shape[1]
     pos = torch.zeros(rows_of, n_paths, dtype=torch.long, device=dev)  # (rows, P) progress along each path

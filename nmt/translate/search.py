@@ -539,6 +539,7 @@ def greedy_search(
     memory, src_keep = model.encode(src)
     state = model.init_state(memory, src_keep, steps)
     dtype = score_dtype(memory)
+    del memory  # the state holds what the steps need of it (the encoder's keys and values)
     masks = token_masks(model.vocab_size, dtype, src.device)
     # The loop below in one call, where the model has it for this batch (a few sentences on the CPU,
     # nmt.translate.scripted.ScriptedGreedy): the same operators without Python between them
@@ -616,6 +617,7 @@ def beam_search(
     memory, src_keep = model.encode(src)
     masks = token_masks(model.vocab_size, score_dtype(memory), src.device)
     state = model.init_state(memory, src_keep, steps, first_width(k, model.vocab_size))
+    del memory  # the state holds what the steps need of it (the encoder's keys and values)
     # The loop below in one call, where the model has it for this batch (one sentence or two on the CPU,
     # nmt.translate.scripted.ScriptedBeam): the same parts without Python between them
     loop = getattr(model, "beam_loop", None)
