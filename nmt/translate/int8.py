@@ -95,11 +95,10 @@ def _row_integers(rows: Tensor, relu: bool = False) -> tuple[Tensor, Tensor]:
 
     `relu`: of max(0, rows), without that pass and the one of abs(): the same scales and integers, as
     max_i |max(0, x_i)| is max(0, max_i x_i), and max(0, x) / a_r is max(0, x / a_r) (a_r > 0)."""
-    if relu:
-        scale = rows.amax(dim=1, keepdim=True).clamp_min_(0.0).div_(_LEVEL).clamp_min_(_TINY)
-        return torch.div(rows, scale).clamp_min_(0.0).round_().to(torch.int8), scale
-    scale = rows.abs().amax(dim=1, keepdim=True).div_(_LEVEL).clamp_min_(_TINY)  # (M, 1) a_r
-    return torch.div(rows, scale).round_().to(torch.int8), scale
+    top = rows.amax(dim=1, keepdim=True).clamp_min_(0.0) if relu else rows.abs().amax(dim=1, keepdim=True)
+    scale = top.div_(_LEVEL).clamp_min_(_TINY)  # (M, 1) a_r
+    q = torch.div(rows, scale)
+    return (q.clamp_min_(0.0) if relu else q).round_().to(torch.int8), scale
 
 
 class _Kernel:
@@ -474,11 +473,14 @@ class ScriptedRowQuantized(nn.Module):
         rows = x.reshape(-1, self.in_features)
         m = rows.shape[0]
         if self.relu_input:  # _row_integers's, of max(0, rows)
-            scale = rows.amax(dim=1, keepdim=True).clamp_min_(0.0).div_(self.level).clamp_min_(self.tiny)
-            integers = torch.div(rows, scale).clamp_min_(0.0).round_()
+            top = rows.amax(dim=1, keepdim=True).clamp_min_(0.0)
         else:
-            scale = rows.abs().amax(dim=1, keepdim=True).div_(self.level).clamp_min_(self.tiny)  # (M, 1) a_r
-            integers = torch.div(rows, scale).round_()
+            top = rows.abs().amax(dim=1, keepdim=True)
+        scale = top.div_(self.level).clamp_min_(self.tiny)  # (M, 1) a_r
+        integers = torch.div(rows, scale)
+        if self.relu_input:
+            integers = integers.clamp_min_(0.0)
+        integers = integers.round_()
         if m <= self.few_rows:
             y = torch._int_mm(integers.to(torch.int8), self.weight_t).float().mul_(self.scales)
         else:
