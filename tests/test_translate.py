@@ -90,11 +90,12 @@ def test_order_is_restored_and_batching_changes_nothing(checkpoint, tmp_path):
     src.write_text("\n".join(lines) + "\n")
     runner = CliRunner()
     outputs = []
+    # fp32, as the Translator below runs the loaded model (`--dtype auto` is bf16 on a CPU with AVX512-BF16
+    # or AMX, whose translations need not be float32's)
+    args = ["translate", "-m", str(checkpoint), "-i", str(src), "--dtype", "fp32", "--max-tokens"]
     for budget in ("8192", "1"):  # one big sorted batch, then every sentence alone
         out = tmp_path / f"out-{budget}.txt"
-        result = runner.invoke(
-            app, ["translate", "-m", str(checkpoint), "-i", str(src), "-o", str(out), "--max-tokens", budget]
-        )
+        result = runner.invoke(app, [*args, budget, "-o", str(out)])
         assert result.exit_code == 0, result.output
         outputs.append(out_lines(out.read_bytes()))
     assert outputs[0] == outputs[1]
