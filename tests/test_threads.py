@@ -251,12 +251,16 @@ def test_the_summary_says_how_one_process_shares_its_threads(synthetic_run: Path
     assert "threads" not in summary("--device", "cpu", "--workers", "2")
 
 
-def test_nmt_serve_leaves_a_core_to_its_requests_unless_told():
-    assert [serving_threads({}, cores) for cores in (1, 2, 16)] == [1, 1, 15]
-    assert serving_threads({"OMP_NUM_THREADS": "2"}, 2) == 2  # the user's setting, as set
+def test_nmt_serve_leaves_a_core_to_its_requests_even_when_told_all():
+    assert [serving_threads({}, cores, cores) for cores in (1, 2, 16)] == [1, 1, 15]
+    assert serving_threads({}, 8, 16) == 7  # torch's default (its physical cores) less one
+    told = {"OMP_NUM_THREADS": "3"}
+    assert [serving_threads(told, 3, cores) for cores in (16, 4, 3, 2, 1)] == [3, 3, 2, 1, 1]
     assert serving_words(1, {}) == "searching on 1 thread, a core left to the requests"
-    told = serving_words(3, {"OMP_NUM_THREADS": "3"})
-    assert told.startswith("searching on 3 threads (one for a batch of up to") and "left" not in told
+    said = serving_words(3, told)
+    assert said.startswith("searching on 3 threads (one for a batch of up to") and "left" not in said
+    said = serving_words(2, told)  # held below what the user asked: the line says so, and why
+    assert said.endswith("a core left to the requests (OMP_NUM_THREADS=3)"), said
 
 
 def test_the_serve_command_searches_on_a_core_fewer(monkeypatch, two_threads, tmp_path):
@@ -274,3 +278,12 @@ def test_the_serve_command_searches_on_a_core_fewer(monkeypatch, two_threads, tm
     result = CliRunner().invoke(app, ["serve", "-m", str(model)])
     assert result.exit_code == 0, result.output
     assert seen == [1]
+    # OMP_NUM_THREADS of every core the process has: held to one fewer as well
+    from nmt.translate import threads
+
+    monkeypatch.setattr(threads, "process_cores", lambda: 2)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    torch.set_num_threads(2)  # as torch reads OMP_NUM_THREADS=2 at start
+    result = CliRunner().invoke(app, ["serve", "-m", str(model)])
+    assert result.exit_code == 0, result.output
+    assert seen == [1, 1]

@@ -153,19 +153,35 @@ def on_threads(n: int) -> Iterator[None]:
         torch.set_num_threads(most)
 
 
-def serving_threads(environ: dict | None = None, default: int | None = None) -> int:
-    """The threads of `nmt serve`'s searches: one core fewer than torch's default (`default`), at least
-    one, so that the server's own threads (HTTP, each request's preparation, the answers) keep a core
-    while a batch is searched; OMP_NUM_THREADS, where the user set it, as set.
+def process_cores() -> int:
+    """The cores this process may run on (its affinity: taskset, a container's cpuset), at least one."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
 
-    On 2 cores of an Intel Xeon virtual machine (benchmarks/RESULTS.md, 2026-11-27 08:57, threads batch
-    by batch), one search thread answered 8 concurrent clients 1.5-1.6x as fast as two (27.3-29.0
-    requests/s against 16.9-18.5) and 32 clients 1.5x (35.0-36.7 against 19.9-23.9): two threads spinning
-    between parallel regions took the core the server's request threads needed, and sleeping ones (the
-    setting before) were no better (14.1-16.5 and 20.7-21.8 requests/s). With a core busy, even."""
+
+def serving_threads(environ: dict | None = None, default: int | None = None, cores: int | None = None) -> int:
+    """The threads of `nmt serve`'s searches: one fewer than torch's default (`default`), at least one, so
+    that the server's own threads (HTTP, each request's preparation, the answers) keep a core while a batch
+    is searched; OMP_NUM_THREADS where the user set it, but at most one fewer than the process's cores
+    (`cores`, process_cores).
+
+    A search on every core did not pay at any load, nor where the user asked for it:
+    - on 2 cores of an Intel Xeon virtual machine (benchmarks/RESULTS.md, 2026-11-27 08:57, threads batch
+      by batch), one search thread answered 8 concurrent clients 1.5-1.6x as fast as two (27.3-29.0
+      requests/s against 16.9-18.5) and 32 clients 1.5x (35.0-36.7 against 19.9-23.9): two threads
+      spinning between parallel regions took the core the server's request threads needed, and sleeping
+      ones (the setting before) were no better (14.1-16.5 and 20.7-21.8 requests/s). With a core busy, even;
+    - on an AMX Xeon, `OMP_NUM_THREADS=2` served 0.89-1.00x one thread's rate at 1, 8 and 32 clients
+      (2026-12-03 07:26), and on an AMD EPYC with AVX512-BF16 0.49-0.68x idle at 8 and 32 clients, 0.85-0.89x
+      with a core busy, and no faster at one client (2026-12-04 19:00).
+    So `OMP_NUM_THREADS` of all the cores, or more, is held to one fewer (the log says so: serving_words).
+    """
     env = os.environ if environ is None else environ
     most = torch.get_num_threads() if default is None else default
-    return most if "OMP_NUM_THREADS" in env else max(1, most - 1)
+    if "OMP_NUM_THREADS" not in env:
+        return max(1, most - 1)
+    return max(1, min(most, (process_cores() if cores is None else cores) - 1))
 
 
 def threads_words(threads: int) -> str:
@@ -175,7 +191,12 @@ def threads_words(threads: int) -> str:
 
 
 def serving_words(threads: int, environ: dict | None = None) -> str:
-    """For `nmt serve`'s first line: the threads its searches run on, and why."""
+    """For `nmt serve`'s first line: the threads its searches run on, and why (serving_threads)."""
     env = os.environ if environ is None else environ
     words = "1 thread" if threads <= 1 else threads_words(threads)
-    return f"searching on {words}" + ("" if "OMP_NUM_THREADS" in env else ", a core left to the requests")
+    asked = env.get("OMP_NUM_THREADS")
+    if asked is None:
+        return f"searching on {words}, a core left to the requests"
+    if asked.strip() != str(threads):
+        return f"searching on {words}, a core left to the requests (OMP_NUM_THREADS={asked.strip()})"
+    return f"searching on {words}"
