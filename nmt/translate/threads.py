@@ -173,7 +173,7 @@ def serving_threads(environ: dict | None = None, default: int | None = None, cor
       spinning between parallel regions took the core the server's request threads needed, and sleeping
       ones (the setting before) were no better (14.1-16.5 and 20.7-21.8 requests/s). With a core busy, even;
     - on an AMX Xeon, `OMP_NUM_THREADS=2` served 0.89-1.00x one thread's rate at 1, 8 and 32 clients
-      (2026-12-03 07:26), and on an AMD EPYC with AVX512-BF16 0.49-0.68x idle at 8 and 32 clients, 0.85-0.89x
+      (2026-12-03 07:26), and on an AMD EPYC with AVX512-BF16 0.49-0.67x idle at 8 and 32 clients, 0.85-0.89x
       with a core busy, and no faster at one client (2026-12-04 19:00).
     So `OMP_NUM_THREADS` of all the cores, or more, is held to one fewer (the log says so: serving_words).
     """
