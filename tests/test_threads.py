@@ -281,7 +281,7 @@ def test_the_serve_command_searches_on_a_core_fewer(monkeypatch, two_threads, tm
     # OMP_NUM_THREADS of every core the process has: held to one fewer as well
     from nmt.translate import threads
 
-    monkeypatch.setattr(threads, "process_cores", lambda: 2)
+    monkeypatch.setattr(threads, "max_workers", lambda: 2)
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     torch.set_num_threads(2)  # as torch reads OMP_NUM_THREADS=2 at start
     result = CliRunner().invoke(app, ["serve", "-m", str(model)])

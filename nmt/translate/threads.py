@@ -38,6 +38,8 @@ from pathlib import Path
 
 import torch
 
+from nmt.limits import max_workers
+
 FEW_ROWS = 4  # a batch of at most this many rows (sentences x beam) runs on one thread
 TAKEN_SHARE = 0.3  # a core counts as taken by other processes that used this share of it, or more
 MIN_WINDOW = 0.05  # seconds: between batches closer than this, the last count stays
@@ -153,18 +155,11 @@ def on_threads(n: int) -> Iterator[None]:
         torch.set_num_threads(most)
 
 
-def process_cores() -> int:
-    """The cores this process may run on (its affinity: taskset, a container's cpuset), at least one."""
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return max(1, os.cpu_count() or 1)
-
-
 def serving_threads(environ: dict | None = None, default: int | None = None, cores: int | None = None) -> int:
     """The threads of `nmt serve`'s searches: one fewer than torch's default (`default`), at least one, so
     that the server's own threads (HTTP, each request's preparation, the answers) keep a core while a batch
     is searched; OMP_NUM_THREADS where the user set it, but at most one fewer than the process's cores
-    (`cores`, process_cores).
+    (`cores`: the CPUs it may run on, max_workers).
 
     A search on every core did not pay at any load, nor where the user asked for it:
     - on 2 cores of an Intel Xeon virtual machine (benchmarks/RESULTS.md, 2026-11-27 08:57, threads batch
@@ -181,7 +176,7 @@ def serving_threads(environ: dict | None = None, default: int | None = None, cor
     most = torch.get_num_threads() if default is None else default
     if "OMP_NUM_THREADS" not in env:
         return max(1, most - 1)
-    return max(1, min(most, (process_cores() if cores is None else cores) - 1))
+    return max(1, min(most, (max_workers() if cores is None else cores) - 1))
 
 
 def threads_words(threads: int) -> str:
