@@ -535,7 +535,9 @@ class Transformer(nn.Module):
 
     def grow_cache(self, state: DecoderState, capacity: int) -> None:
         """Every layer's cache to `capacity` positions, a layer at a time, so that the old and the grown
-        cache are never held whole at once; no spare kept (release_spare)."""
+        cache are never held whole at once; no spare kept (release_spare). A step calls it where no
+        gather since the last step has grown the caches (gather_cache): greedy search, the step after
+        expand_beams."""
         t, n = state.length, state.rows
         for i, kv in enumerate(state.self_kv):
             grown = self.empty_cache(kv, n, capacity)
@@ -546,12 +548,22 @@ class Transformer(nn.Module):
     def gather_cache(self, state: DecoderState, rows: Tensor) -> DecoderState:
         """Row i of each layer's self-attention cache takes row rows[i]'s filled positions: one copy into
         the spare (a new buffer where it lacks the rows), which becomes the layer's cache; the old cache is
-        the next layer's spare, and the last layer's is freed (DecoderState)."""
+        the next layer's spare, and the last layer's is freed (DecoderState).
+
+        Where the caches are full, the new buffers have the next step's grown capacity (grow_cache's), so
+        that this copy is the growth's too: beam search then never copies a cache only to grow it (1,000
+        test lines of the demo model, one thread: 0.994x the time in fp32, 0.991x in int8, the same bytes;
+        benchmarks/RESULTS.md, 2026-12-04 21:40). Every step still reads the caches at the capacities
+        grow_cache would have given them."""
         t, n = state.length, rows.shape[0]
+        capacity = state.self_kv[0].shape[3]
+        if t == capacity and t < state.max_len:
+            capacity = min(t + CACHE_BLOCK, state.max_len)
         for i, kv in enumerate(state.self_kv):
-            # More rows than the spare holds (none between steps, or select_rows repeating sentences): a new
-            # buffer of n rows
-            target = state.spare if n <= state.spare.shape[1] else self.empty_cache(kv, n, kv.shape[3])
+            # More rows than the spare holds (none between steps, or select_rows repeating sentences), or
+            # the cache growing: a new buffer of n rows
+            fits = n <= state.spare.shape[1] and state.spare.shape[3] == capacity
+            target = state.spare if fits else self.empty_cache(kv, n, capacity)
             torch.index_select(kv[:, :, :, :t], 1, rows, out=target[:, :n, :, :t])
             state.self_kv[i], state.spare = target, kv
         self.release_spare(state)  # the last layer's old cache

@@ -196,6 +196,35 @@ def test_the_cache_grows_past_its_blocks_while_rows_move():
         model.step(history[:, -1], state)
 
 
+@torch.no_grad()
+def test_a_full_cache_grows_in_the_gather_that_moves_its_rows(monkeypatch):
+    """Rows reordered after every step: the caches grow in the reorder's copy, never in a copy of their
+    own, and every step reads them at the capacities that growing at the step gives (and so the same
+    shapes, and bits, as the scripted loops)."""
+    model, g = tiny_model(), torch.Generator().manual_seed(1)
+    src = torch.randint(4, 40, (2, 5), generator=g)
+    steps = 3 * CACHE_BLOCK + 1
+    memory, keep = model.encode(src)
+    plain = model.init_state(memory, keep, max_len=steps, beam=2)
+    moved = model.init_state(memory, keep, max_len=steps, beam=2)
+    tokens = torch.randint(4, 40, (steps, 4), generator=g)
+    plain_capacities = []
+    for t in range(steps):
+        _, plain = model.step(tokens[t], plain)
+        plain_capacities.append(plain.self_kv[0].shape[3])
+    grown = []
+    monkeypatch.setattr(model, "grow_cache", lambda state, capacity: grown.append(capacity))
+    moves = torch.tensor([1, 0, 2, 3])  # within each sentence
+    for t in range(steps):
+        logits, moved = model.step(tokens[t], moved)
+        assert [kv.shape[3] for kv in moved.self_kv] == [plain_capacities[t]] * len(moved.self_kv), t
+        if t < steps - 1:
+            moved = model.reorder_beams(moved, moves)
+            tokens[t + 1 :] = tokens[t + 1 :, moves]
+    assert grown == []
+    assert plain_capacities[-1] == steps and len(set(plain_capacities)) == 4  # it grew three times
+
+
 def test_parameter_counts_of_the_paper_models():
     """Base and big with the 37000-subword joint vocabulary (paper: 65M and 213M)."""
     base = ModelConfig()
