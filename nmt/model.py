@@ -451,7 +451,7 @@ class Transformer(nn.Module):
         if t == state.self_kv[0].shape[3]:  # the cache is full: grow it by a block
             if t >= state.max_len:
                 raise ValueError(f"step {t + 1} is past the {state.max_len} positions of init_state")
-            self.grow_cache(state, min(t + CACHE_BLOCK, state.max_len))
+            self.grow_cache(state, self.next_capacity(state))
         if n <= self.step_rows and not self.training:
             self.check_positions(t + 1)
             h = self.step_kernel(tokens, t, state.self_kv, state.mem_kv, state.src_bias, state.beam)
@@ -533,6 +533,12 @@ class Transformer(nn.Module):
         state.beam *= beam
         return state
 
+    def next_capacity(self, state: DecoderState) -> int:
+        """The cache positions the next step needs: a block more where the caches are full (at most the
+        state's max_len), else those they have."""
+        capacity = state.self_kv[0].shape[3]
+        return min(state.length + CACHE_BLOCK, state.max_len) if state.length == capacity else capacity
+
     def grow_cache(self, state: DecoderState, capacity: int) -> None:
         """Every layer's cache to `capacity` positions, a layer at a time, so that the old and the grown
         cache are never held whole at once; no spare kept (release_spare). A step calls it where no
@@ -550,15 +556,12 @@ class Transformer(nn.Module):
         the spare (a new buffer where it lacks the rows), which becomes the layer's cache; the old cache is
         the next layer's spare, and the last layer's is freed (DecoderState).
 
-        Where the caches are full, the new buffers have the next step's grown capacity (grow_cache's), so
+        Where the caches are full, the new buffers have the next step's grown capacity (next_capacity), so
         that this copy is the growth's too: beam search then never copies a cache only to grow it (1,000
         test lines of the demo model, one thread: 0.994x the time in fp32, 0.991x in int8, the same bytes;
         benchmarks/RESULTS.md, 2026-12-04 21:40). Every step still reads the caches at the capacities
         grow_cache would have given them."""
-        t, n = state.length, rows.shape[0]
-        capacity = state.self_kv[0].shape[3]
-        if t == capacity and t < state.max_len:
-            capacity = min(t + CACHE_BLOCK, state.max_len)
+        t, n, capacity = state.length, rows.shape[0], self.next_capacity(state)
         for i, kv in enumerate(state.self_kv):
             # More rows than the spare holds (none between steps, or select_rows repeating sentences), or
             # the cache growing: a new buffer of n rows
