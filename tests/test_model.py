@@ -224,6 +224,34 @@ def test_a_full_cache_grows_in_the_gather_that_moves_its_rows(monkeypatch):
     assert plain_capacities[-1] == steps and len(set(plain_capacities)) == 4  # it grew three times
 
 
+@torch.no_grad()
+def test_a_gather_moves_exactly_the_filled_positions_of_its_rows():
+    """Each layer's cache after a reorder or a selection holds, in its first rows, the filled positions of
+    the rows taken, bit for bit: where the capacity stays (rows moved whole, their unfilled positions
+    too), where it grows, and where sentences leave so that a layer's buffer has more rows than the batch."""
+    model, g = tiny_model(), torch.Generator().manual_seed(2)
+    src = torch.randint(4, 40, (3, 6), generator=g)
+    steps = 2 * CACHE_BLOCK + 2
+    memory, keep = model.encode(src)
+    state = model.init_state(memory, keep, max_len=steps, beam=2)  # 3 sentences x 2 rows
+    paths = set()
+    for t in range(steps - 1):
+        _, state = model.step(torch.randint(4, 40, (state.rows,), generator=g), state)
+        n = state.rows
+        rows = torch.randint(0, 2, (n,), generator=g) + torch.arange(n) // 2 * 2  # within each sentence
+        before = [kv[:, :, :, : t + 1].clone() for kv in state.self_kv]
+        grows = state.length == state.self_kv[0].shape[3]
+        if t in (1, CACHE_BLOCK - 1) and n > 2:  # a sentence leaves: at a step that keeps, and one that grows
+            rows = rows[2:]
+            state = model.select_rows(state, rows)
+        else:
+            state = model.reorder_beams(state, rows)
+        for old, kv in zip(before, state.self_kv, strict=True):
+            assert torch.equal(kv[:, : len(rows), :, : t + 1], old[:, rows]), t
+        paths.add((grows, n == len(rows)))
+    assert paths == {(False, True), (True, True), (False, False), (True, False)}  # every path ran
+
+
 def test_parameter_counts_of_the_paper_models():
     """Base and big with the 37000-subword joint vocabulary (paper: 65M and 213M)."""
     base = ModelConfig()

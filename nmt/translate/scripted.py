@@ -470,8 +470,12 @@ class ScriptedBeam(nn.Module):
             if not widened:
                 for i in range(len(self_kv)):
                     kv = self_kv[i]
-                    target = spare.narrow(1, 0, n).narrow(3, 0, t + 1)
-                    torch.index_select(kv.narrow(3, 0, t + 1), 1, rows, out=target)
+                    if kv.shape[3] == spare.shape[3]:  # rows move whole (Transformer.gather_cache)
+                        whole = spare.view([2, spare.shape[1], -1]).narrow(1, 0, n)
+                        torch.index_select(kv.view([2, kv.shape[1], -1]), 1, rows, out=whole)
+                    else:
+                        target = spare.narrow(1, 0, n).narrow(3, 0, t + 1)
+                        torch.index_select(kv.narrow(3, 0, t + 1), 1, rows, out=target)
                     self_kv[i], spare = spare, kv
         return out_scores, out_tokens
 
