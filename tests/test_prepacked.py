@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import weakref
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from nmt.translate.prepacked import (
     PrepackedLinear,
     available,
     in_row_buckets,
+    keeps_bits_on,
     prepack_model,
     row_pieces,
     row_range,
@@ -296,25 +298,52 @@ def test_where_rows_change_from_some_count_on_no_product_runs_at_that_many(monke
 
 
 def test_where_rows_change_on_more_threads_only_no_product_runs_at_that_many(monkeypatch):
-    """A kernel that gives the rows past the 32nd other bits only when it splits the work among threads
-    (the search runs a batch on one thread or on torch's setting: nmt.translate.threads): the probe, which
-    multiplies every count on both, stops at 32 on two threads, and at its most on one."""
+    """A kernel that gives the rows past the 32nd other bits only when it splits the work among threads:
+    the probe on one thread finds nothing, on one and two threads it stops at 32."""
 
     def threads_off(rows, y):
         if torch.get_num_threads() > 1 and rows.shape[0] > 32:
             y[32:] += 1e-3
         return y
 
+    with kernel_off(monkeypatch, threads_off):
+        assert row_range(torch.float32, 64, 300) == (1, 512)  # one thread: nothing is off
+        assert row_range(torch.float32, 64, 300, threads=2) == (1, 32)
+
+
+def test_a_model_whose_products_differ_on_more_threads_searches_on_one(monkeypatch, tmp_path):
+    """Prepacked on one thread, the model is probed on two only when a batch would first run on two
+    (nmt.translate.threads): with a kernel that changes rows past the 32nd on several threads, batches
+    stay on one thread; with the real kernels, or a change the model's counts never reach, on two."""
+    from nmt.translate.threads import SearchThreads
+
+    calls = []
+
+    def threads_off(rows, y):
+        calls.append(torch.get_num_threads())
+        if torch.get_num_threads() > 1 and rows.shape[0] > 32:
+            y[32:] += 1e-3
+        return y
+
+    stat = tmp_path / "stat"  # /proc/stat of two idle CPUs: no core taken
+    stat.write_text("cpu0 0 0 0 100 0 0 0 0\ncpu1 0 0 0 100 0 0 0 0\n")
     threads = torch.get_num_threads()
     try:
+        torch.set_num_threads(2)
+        assert available(torch.float32)  # its own check of the real kernel, before the one made off
         with kernel_off(monkeypatch, threads_off):
-            torch.set_num_threads(1)
-            assert row_range(torch.float32, 64, 300) == (1, 512)  # one thread: nothing is off
-            row_range.cache_clear()
-            torch.set_num_threads(2)
-            assert row_range(torch.float32, 64, 300) == (1, 32)
+            model = Transformer(make_config().model, 64)
+            assert prepack_model(model) and set(calls) == {1}  # prepacked on one thread only
+            assert not keeps_bits_on(model, 2)
+            search = SearchThreads(stat, agrees=functools.partial(keeps_bits_on, model))
+            assert search.count(400) == 1 and search.count(4) == 1
+        row_range.cache_clear()
+        plain = Transformer(make_config().model, 64)
+        assert prepack_model(plain) and keeps_bits_on(plain, 2)
+        assert SearchThreads(stat, agrees=functools.partial(keeps_bits_on, plain)).count(400) == 2
     finally:
         torch.set_num_threads(threads)
+        row_range.cache_clear()
 
 
 def test_where_not_even_two_rows_agree_the_model_keeps_f_linear(monkeypatch):

@@ -139,7 +139,7 @@ class PrepackedLinear(nn.Module):
     ):
         """`rows`: (least, most) as `row_range` gives them; by default that of this weight's shape."""
         super().__init__()
-        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+        self.in_features, self.out_features, self.dtype = weight.shape[1], weight.shape[0], weight.dtype
         self.packed = _pack(weight)
         self.bias = None if bias is None else bias.detach().contiguous()
         self.activation = activation
@@ -168,7 +168,9 @@ class PrepackedLinear(nn.Module):
         probe per width would cost more than the batch."""
         weight, bias = floats()
         width = 1 << (len(weight) - 1).bit_length()
-        return PrepackedLinear(weight, bias, self.activation, row_range(weight.dtype, weight.shape[1], width))
+        # probed on the threads of the batch it is built for (nmt.translate.threads), the only it serves
+        rows = row_range(weight.dtype, weight.shape[1], width, torch.get_num_threads())
+        return PrepackedLinear(weight, bias, self.activation, rows)
 
     def extra_repr(self) -> str:
         fused = "" if self.activation == "none" else f", {self.activation} fused"
@@ -270,13 +272,20 @@ def _agreeing_rows(product: Callable[[Tensor], Tensor], x: Tensor, least: int, s
 
 
 @functools.cache
-def row_range(dtype: torch.dtype, in_features: int, out_features: int) -> tuple[int, int] | None:
+def row_range(
+    dtype: torch.dtype, in_features: int, out_features: int, threads: int = 1
+) -> tuple[int, int] | None:
     """(least, most): the fewest rows a prepacked product of this shape runs at, 1, or 2 where oneDNN's
     kernel for one row sums in another order than for more; and the most, a count of ROW_BUCKETS up to
     PROBE_MOST (fewer for a wide output: PROBE_OUTPUTS). Between them every row gets the same bits at every
-    count, in any position, among any rows, on one thread or on torch's setting (a batch's search runs on
-    either: nmt.translate.threads), so a sentence's translation does not depend on its batch. None where
-    not even two rows agree, or there is no such kernel.
+    count, in any position, among any rows, on one thread and on `threads`, so a sentence's translation
+    does not depend on its batch. None where not even two rows agree, or there is no such kernel.
+
+    A model's products are probed on one thread when it is prepacked; on more only once a batch is to
+    run on more (`keeps_bits_on`), since a product on several threads stalls where another process holds
+    one of their cores: with one of two kept busy, a process of two threads prepared the demo model in
+    fp32 in 1.12-1.17 s probing on both, 0.71-0.90 s probing on one (one thread's process: 0.58-0.65 s;
+    AMD EPYC Zen 4, benchmarks/RESULTS.md, 2026-12-08).
 
     Probed once per shape (`_cancelling`), because oneDNN picks its kernel by shape, rows and threads. On
     an Intel Xeon with AMX (torch 2.13, benchmarks/RESULTS.md, 2026-11-28): in bf16 a product of 512 or
@@ -290,7 +299,7 @@ def row_range(dtype: torch.dtype, in_features: int, out_features: int) -> tuple[
         product = PrepackedLinear(weight, bias, rows=(1, ROW_BUCKETS[-1])).product  # the bare kernel
     except (AttributeError, RuntimeError, NotImplementedError):  # no such kernel here (bf16 on AVX2)
         return None
-    settings = sorted({1, torch.get_num_threads()})
+    settings = sorted({1, threads})
     with torch.inference_mode():
         for least in (1, 2):
             most = _agreeing_rows(product, x, least, settings)
@@ -325,6 +334,16 @@ def available(dtype: torch.dtype = torch.float32) -> bool:
         return same_relu and close
     except (AttributeError, RuntimeError, NotImplementedError):
         return False
+
+
+def keeps_bits_on(model: nn.Module, threads: int) -> bool:
+    """Whether every prepacked product of `model` gives each row, on `threads` threads, the bits it gives
+    on one at every row count it runs at (`row_range`, probed here on `threads` once per shape). Where
+    not, the search keeps such a model's batches on one thread (nmt.translate.threads.SearchThreads)."""
+    products = [m for m in model.modules() if isinstance(m, PrepackedLinear)]
+    return all(
+        row_range(p.dtype, p.in_features, p.out_features, threads) == (p.least, p.most) for p in products
+    )
 
 
 def applied(x: Tensor) -> Tensor:

@@ -16,7 +16,9 @@ batch runs on
 - one thread when it has at most FEW_ROWS rows (sentences x beam: one sentence at beam 4, a few greedy);
 - otherwise on all of torch's threads, but none on a core another process took since the last batch:
   /proc/stat's busy time of the process's CPUs less the process's own, over the time between batches
-  (`SearchThreads.taken`); all threads where that cannot be read (no /proc).
+  (`SearchThreads.taken`); all threads where that cannot be read (no /proc);
+- and on one thread where the model's fp32 or bf16 products would give a row other bits on that many
+  (nmt.translate.prepacked.keeps_bits_on, probed when a batch first would run on them).
 In both sittings this was as fast as the best of passive threads and one thread, idle and busy.
 
 The thread count does not change an int8 translation (its products' sums are exact): the same bits on
@@ -32,7 +34,7 @@ import contextlib
 import math
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,8 +91,12 @@ AT_IMPORT = sample()
 class SearchThreads:
     """The thread count of each batch's search in this process (the module docstring)."""
 
-    def __init__(self, stat: Path = STAT):
+    def __init__(self, stat: Path = STAT, agrees: Callable[[int], bool] | None = None):
+        """`agrees(n)`: whether the model's products give a row the same bits on n threads as on one
+        (nmt.translate.prepacked.keeps_bits_on), asked once per n, when a batch first would run on n;
+        a model that does not searches every batch on one thread. None: any count may run."""
         self.stat = stat
+        self.agrees, self.agreed = agrees, {1: True}
         # the first window from the process's start (this module's import: before the model loads, whose
         # own CPU time is subtracted), long enough to tell at the first batch
         self.last = AT_IMPORT if stat == STAT and AT_IMPORT is not None else sample(stat)
@@ -127,10 +133,11 @@ class SearchThreads:
         if rows <= FEW_ROWS:
             return 1
         taken = self.taken()
-        if taken == 0:
-            return most
         cpus = self.last.cpus if self.last is not None else most
-        return max(1, min(most, cpus - taken))
+        threads = most if taken == 0 else max(1, min(most, cpus - taken))
+        if self.agrees is not None and threads not in self.agreed:
+            self.agreed[threads] = self.agrees(threads)
+        return threads if self.agrees is None or self.agreed[threads] else 1
 
     @contextlib.contextmanager
     def batch(self, rows: int) -> Iterator[int]:

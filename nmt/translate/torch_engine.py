@@ -27,6 +27,7 @@ from nmt.translate.constraints import (
     renumbered,
 )
 from nmt.translate.displace import own_words, with_bans, written
+from nmt.translate.prepacked import keeps_bits_on
 from nmt.translate.search import Hypothesis, Sampler, beam_search, greedy_search
 from nmt.translate.threads import SearchThreads
 
@@ -80,7 +81,9 @@ class TorchEngine:
         self.shortlist = shortlist  # nmt.shortlist.Shortlist: each sentence decodes over its own set
         self.max_positions = model.max_positions
         # on the CPU, each batch's search on as many threads as pay (nmt.translate.threads)
-        self.threads = SearchThreads() if self.device.type == "cpu" else None
+        # (and on one where its prepacked products would give a row other bits on more)
+        agrees = functools.partial(keeps_bits_on, model)
+        self.threads = SearchThreads(agrees=agrees) if self.device.type == "cpu" else None
         self.generator = None
         if decode.sampling:  # one stream for the whole run: the same seed gives the same output
             self.generator = torch.Generator(self.device).manual_seed(decode.seed)
