@@ -567,7 +567,7 @@ class Transformer(nn.Module):
         its filled positions alone are 2H runs of t x K, which index_select copies through a strided loop
         per row. The same bytes; over 1,000 test lines of the demo model, one thread, the gathers took
         0.61-0.66x their time in fp32 and 0.76-0.92x in int8 (AMD EPYC Zen 4, benchmarks/RESULTS.md,
-        2026-12-08)."""
+        2026-12-07 23:30)."""
         t, n, capacity = state.length, rows.shape[0], self.next_capacity(state)
         for i, kv in enumerate(state.self_kv):
             # More rows than the spare holds (none between steps, or select_rows repeating sentences), or

@@ -285,7 +285,7 @@ def row_range(
     run on more (`keeps_bits_on`), since a product on several threads stalls where another process holds
     one of their cores: with one of two kept busy, a process of two threads prepared the demo model in
     fp32 in 1.12-1.17 s probing on both, 0.71-0.90 s probing on one (one thread's process: 0.58-0.65 s;
-    AMD EPYC Zen 4, benchmarks/RESULTS.md, 2026-12-08).
+    AMD EPYC Zen 4, benchmarks/RESULTS.md, 2026-12-07 23:30).
 
     Probed once per shape (`_cancelling`), because oneDNN picks its kernel by shape, rows and threads. On
     an Intel Xeon with AMX (torch 2.13, benchmarks/RESULTS.md, 2026-11-28): in bf16 a product of 512 or
