@@ -314,7 +314,7 @@ def test_where_rows_change_on_more_threads_only_no_product_runs_at_that_many(mon
 def test_a_model_whose_products_differ_on_more_threads_searches_on_one(monkeypatch, tmp_path):
     """Prepacked on one thread, the model is probed on two only when a batch would first run on two
     (nmt.translate.threads): with a kernel that changes rows past the 32nd on several threads, batches
-    stay on one thread; with the real kernels, or a change the model's counts never reach, on two."""
+    stay on one thread; with the real kernels, on two."""
     from nmt.translate.threads import SearchThreads
 
     calls = []

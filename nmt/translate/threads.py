@@ -96,7 +96,8 @@ class SearchThreads:
         (nmt.translate.prepacked.keeps_bits_on), asked once per n, when a batch first would run on n;
         a model that does not searches every batch on one thread. None: any count may run."""
         self.stat = stat
-        self.agrees, self.agreed = agrees, {1: True}
+        self.agrees = agrees or (lambda threads: True)
+        self.agreed = {1: True}  # agrees' answers so far
         # the first window from the process's start (this module's import: before the model loads, whose
         # own CPU time is subtracted), long enough to tell at the first batch
         self.last = AT_IMPORT if stat == STAT and AT_IMPORT is not None else sample(stat)
@@ -135,9 +136,9 @@ class SearchThreads:
         taken = self.taken()
         cpus = self.last.cpus if self.last is not None else most
         threads = most if taken == 0 else max(1, min(most, cpus - taken))
-        if self.agrees is not None and threads not in self.agreed:
+        if threads not in self.agreed:
             self.agreed[threads] = self.agrees(threads)
-        return threads if self.agrees is None or self.agreed[threads] else 1
+        return threads if self.agreed[threads] else 1
 
     @contextlib.contextmanager
     def batch(self, rows: int) -> Iterator[int]:
